@@ -1,0 +1,48 @@
+"""Choice lists that plugins may extend.
+
+Fields that name a list here (``choices="RADIX_EVICTION_POLICY"``) read it at parse and
+validation time, so a plugin that calls an ``add_*_choices`` hook before the first
+composition makes its new name a legal value everywhere: legacy flags, Hydra overrides and
+presets.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List
+
+_REGISTRY: Dict[str, List[str]] = {
+    "RADIX_EVICTION_POLICY": ["lru", "lfu", "slru", "priority", "tlru"],
+    "DISAGG_TRANSFER_BACKEND": ["mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"],
+    "HICACHE_STORAGE_BACKEND": [
+        "file", "sim", "mooncake", "npu_memcache", "hf3fs", "nixl", "aibrix", "dynamic",
+        "eic", "simm", "mori", "shm", "tensorcast", "seaweedfs",
+    ],
+}
+
+
+def choices(name: str) -> List[str]:
+    """The current list registered under ``name``."""
+    return _REGISTRY[name]
+
+
+def _extend(name: str, values: Iterable[str]) -> None:
+    lst = _REGISTRY[name]
+    for v in values:
+        if not isinstance(v, str) or not v:
+            raise ValueError(f"choice names must be non-empty strings, got {v!r}")
+        if v not in lst:
+            lst.append(v)
+
+
+def add_radix_eviction_policy_choices(*names: str) -> None:
+    """Make new eviction-policy names legal for ``memory.radix_eviction_policy``."""
+    _extend("RADIX_EVICTION_POLICY", names)
+
+
+def add_disagg_transfer_backend_choices(*names: str) -> None:
+    """Make new transfer-backend names legal for ``disagg.disaggregation_transfer_backend``."""
+    _extend("DISAGG_TRANSFER_BACKEND", names)
+
+
+def add_hicache_storage_backend_choices(*names: str) -> None:
+    """Make new storage-backend names legal for ``memory.hicache_storage_backend``."""
+    _extend("HICACHE_STORAGE_BACKEND", names)

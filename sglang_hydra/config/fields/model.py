@@ -1,0 +1,42 @@
+"""``model``: what is served, as far as KV memory is concerned.
+
+Besides the reference engine's model flags this namespace carries the KV geometry of the
+model (layers, KV heads, head dims, MHA or MLA).  The reference reads that geometry from
+the checkpoint; here it comes from a preset (``model=tiny``, ``model=llama3_8b`` ...) or
+from a local ``config.json`` when ``model_path`` is a directory.  Geometry fields have no
+legacy flag because the reference engine has none.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..spec import arg
+
+
+@dataclass
+class Model:
+    model_path: str = arg(
+        "tiny", "Checkpoint directory (its config.json supplies the KV geometry) or a preset name.",
+        aliases=("--model",))
+    kv_cache_dtype: str = arg(
+        "auto", "Element type of the KV cache; 'auto' follows --dtype.",
+        choices=("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1"), resolvable=True)
+    dtype: str = arg(
+        "auto", "Activation and weight type; 'auto' means bfloat16 here.",
+        choices=("auto", "half", "float16", "bfloat16", "float", "float32"))
+    context_length: Optional[int] = arg(
+        None, "Longest sequence a request may reach; unset: the model's own limit.", ge=1)
+    is_embedding: bool = arg(False, "Serve an embedding model (no decoding).")
+    # --- KV geometry (no legacy flags) ---
+    architecture: str = arg("LlamaForCausalLM", "Architecture name, as in config.json.", hydra_only=True)
+    attention_arch: str = arg(
+        "mha", "mha: per-layer K and V buffers; mla: one latent buffer per layer.",
+        choices=("mha", "mla"), hydra_only=True)
+    num_hidden_layers: int = arg(2, "Transformer layers holding KV.", hydra_only=True, ge=1)
+    num_key_value_heads: int = arg(2, "KV heads of the whole model (split over TP ranks).", hydra_only=True, ge=1)
+    head_dim: int = arg(16, "Dimension of one K head.", hydra_only=True, ge=1)
+    v_head_dim: Optional[int] = arg(None, "Dimension of one V head; unset: same as head_dim.", hydra_only=True, ge=1)
+    kv_lora_rank: int = arg(0, "MLA latent (compressed KV) width.", hydra_only=True, ge=0)
+    qk_rope_head_dim: int = arg(0, "MLA rotary part stored beside the latent.", hydra_only=True, ge=0)
+    max_position_embeddings: int = arg(4096, "The model's own context limit.", hydra_only=True, ge=1)
