@@ -7,6 +7,8 @@ the record, the Hydra schema, the legacy flags and ``--help`` are generated.
 from __future__ import annotations
 
 from .device import Device
+from .execution import Exec
+from .mm import Mm
 from .disagg import Disagg
 from .memory import Memory
 from .model import Model
@@ -20,11 +22,13 @@ NAMESPACES = {
     "model": Model,
     "disagg": Disagg,
     "spec": Spec,
+    "exec": Exec,
     "device": Device,
     "parallel": Parallel,
     "memory": Memory,
     "schedule": Schedule,
     "serving": Serving,
+    "mm": Mm,
 }
 
-__all__ = ["NAMESPACES", "Device", "Disagg", "Memory", "Model", "Parallel", "Schedule", "Serving", "Spec"]
+__all__ = ["NAMESPACES", "Device", "Exec", "Mm", "Disagg", "Memory", "Model", "Parallel", "Schedule", "Serving", "Spec"]

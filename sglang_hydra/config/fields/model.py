@@ -39,4 +39,9 @@ class Model:
     v_head_dim: Optional[int] = arg(None, "Dimension of one V head; unset: same as head_dim.", hydra_only=True, ge=1)
     kv_lora_rank: int = arg(0, "MLA latent (compressed KV) width.", hydra_only=True, ge=0)
     qk_rope_head_dim: int = arg(0, "MLA rotary part stored beside the latent.", hydra_only=True, ge=0)
+    hybrid: str = arg(
+        "none", "Hybrid layer mix: sliding-window layers beside full attention (swa), only "
+        "sliding-window layers (pure_swa), or state-space layers (mamba).",
+        choices=("none", "swa", "pure_swa", "mamba"), hydra_only=True)
+    model_type: str = arg("llama", "HF model_type, as in config.json.", hydra_only=True)
     max_position_embeddings: int = arg(4096, "The model's own context limit.", hydra_only=True, ge=1)

@@ -1,0 +1,1 @@
+"""Config groups shipped with sglang-hydra (YAML presets; the schema lives in Python)."""

@@ -1,0 +1,399 @@
+"""Eviction policies for :class:`~sglang_hydra.cache.radix.RadixTree`, and their registry.
+
+A policy is a small class.  The tree asks it for a sortable ``key(node)`` whenever a leaf
+becomes a candidate (smaller keys are evicted first) and, if the class sets the matching
+flag, calls hooks when pages are inserted, when a request touches its chain and when a
+page is evicted.  Built-in keys are packed into one Python ``int`` (``major << 40 | minor``)
+because integer comparisons keep the heap fast; clocks therefore must stay below 2**40.
+
+Each class lists its keyword parameters in ``PARAMS`` (name -> :class:`Param`), which is
+what :func:`validate_policy_config` checks ``memory.radix_eviction_policy_config`` against.
+
+Registering a policy with :func:`register_eviction_policy` also makes its name a legal
+value of ``memory.radix_eviction_policy`` (through
+``sglang_hydra.config.choices.add_radix_eviction_policy_choices``), unless it is
+registered as replay-only (it needs knowledge of the future, like ``belady``) or as not
+being a configuration choice (``fifo``, as in the reference engine).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Type
+
+__all__ = [
+    "Param",
+    "EvictionPolicy",
+    "PolicyInfo",
+    "register_eviction_policy",
+    "get_policy_info",
+    "available_policies",
+    "validate_policy_config",
+    "make_policy",
+    "LRUPolicy",
+    "LFUPolicy",
+    "FIFOPolicy",
+    "SLRUPolicy",
+    "PriorityPolicy",
+    "TLRUPolicy",
+    "BeladyPolicy",
+    "GhostFreqPolicy",
+]
+
+SHIFT = 40           # bits reserved for the tie-breaking part of packed keys
+NEVER = 1 << 39      # "no next use" for Belady; larger than any request index
+
+
+# ------------------------------------------------------------------- parameters
+@dataclass(frozen=True)
+class Param:
+    """Declaration of one policy keyword argument.
+
+    ``type`` is ``int`` or ``float`` (``float`` parameters accept ints); ``check`` returns
+    True for acceptable values and ``constraint`` says in words what is acceptable.
+    """
+
+    type: type
+    default: Any
+    constraint: str = ""
+    check: Optional[Callable[[Any], bool]] = None
+    doc: str = ""
+
+    def describe(self) -> str:
+        kind = "an integer" if self.type is int else "a number"
+        return f"{kind} {self.constraint}".strip()
+
+    def accepts(self, value: Any) -> bool:
+        if isinstance(value, bool):
+            return False
+        if self.type is int:
+            if not isinstance(value, int):
+                return False
+        elif self.type is float:
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                return False
+        elif not isinstance(value, self.type):
+            return False
+        return self.check is None or bool(self.check(value))
+
+
+# --------------------------------------------------------------------- base class
+class EvictionPolicy:
+    """Base class.  Subclasses override :meth:`key` and, optionally, the hooks.
+
+    Flags tell the tree which hooks to call so that unused ones cost nothing:
+    ``wants_insert_hook`` (:meth:`on_insert` per new page), ``wants_touch``
+    (:meth:`on_touch` once per served request), ``wants_evict_hook`` (:meth:`on_evict`).
+    ``needs_future`` policies get :meth:`prepare` with every request's page keys before
+    a replay starts.
+    """
+
+    name: str = "base"
+    PARAMS: Mapping[str, Param] = {}
+    wants_insert_hook = False
+    wants_touch = False
+    wants_evict_hook = False
+    needs_future = False
+
+    def __init__(self, page_size: int = 1, **params: Any):
+        unknown = set(params) - set(self.PARAMS)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unknown parameter(s): {sorted(unknown)}")
+        self.page_size = page_size
+        for pname, spec in self.PARAMS.items():
+            setattr(self, pname, params.get(pname, spec.default))
+        self.tree = None
+
+    # configuration ------------------------------------------------------------
+    @classmethod
+    def check_config(cls, values: Mapping[str, Any]) -> List[str]:
+        """Cross-parameter checks on the full set of values (defaults filled in)."""
+        return []
+
+    def params(self) -> Dict[str, Any]:
+        return {p: getattr(self, p) for p in self.PARAMS}
+
+    # tree protocol ------------------------------------------------------------
+    def bind(self, tree) -> None:
+        self.tree = tree
+
+    def key(self, node) -> Any:
+        raise NotImplementedError
+
+    def on_insert(self, node) -> None:
+        """A new page was created (its fields are initialised)."""
+
+    def on_touch(self, page_keys: Sequence, k: int, clock: int, last_node) -> None:
+        """A request with ``page_keys`` (first ``k`` were hits) now ends at ``last_node``."""
+
+    def on_evict(self, node) -> None:
+        """``node`` has just been removed from the tree."""
+
+    def prepare(self, requests_page_keys: Sequence[Sequence]) -> None:
+        """Offline policies see the whole workload here (clock = request index)."""
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{type(self).__name__}({args})"
+
+
+# ----------------------------------------------------------------- built-ins
+class LRUPolicy(EvictionPolicy):
+    """Least recently used: key = last access."""
+
+    name = "lru"
+
+    def key(self, node):
+        return node.last_access
+
+
+class LFUPolicy(EvictionPolicy):
+    """In-cache LFU: key = (hit count, last access); counts restart on re-insertion."""
+
+    name = "lfu"
+
+    def key(self, node):
+        return (node.hit_count << SHIFT) + node.last_access
+
+
+class FIFOPolicy(EvictionPolicy):
+    """First in, first out: key = insertion time."""
+
+    name = "fifo"
+
+    def key(self, node):
+        return node.insert_time
+
+
+class PriorityPolicy(EvictionPolicy):
+    """Lower request priority first, LRU within a priority."""
+
+    name = "priority"
+
+    def key(self, node):
+        return (node.priority << SHIFT) + node.last_access
+
+
+def _positive_int(v):
+    return v >= 1
+
+
+class SLRUPolicy(EvictionPolicy):
+    """Segmented LRU: pages hit at least ``protected_threshold`` times sit behind the rest."""
+
+    name = "slru"
+    PARAMS = {
+        "protected_threshold": Param(int, 2, ">= 1", _positive_int,
+                                     "hit count from which a page is protected"),
+    }
+
+    def key(self, node):
+        return ((1 if node.hit_count >= self.protected_threshold else 0) << SHIFT) + node.last_access
+
+
+def _non_negative(v):
+    return v >= 0
+
+
+class TLRUPolicy(EvictionPolicy):
+    """Tail-optimised LRU (Zhang et al., arXiv:2510.15152).
+
+    A page is *TEL-safe* when the pages cached before it already cover what the branch's
+    next turn needs to stay under the TTFT budget: with ``hw`` the deepest length (pages)
+    any request reached through the page, it is safe when
+    ``depth * page_size >= max(hw * page_size + next_prompt_estimate - threshold, 0)``.
+    Safe pages are evicted first (LRU among them), then the rest in LRU order.
+    ``threshold`` and ``next_prompt_estimate`` are in tokens, as the reference engine
+    takes them (the paper and ``replay_rules.md`` state them in 512-token blocks).
+    """
+
+    name = "tlru"
+    wants_touch = True
+    PARAMS = {
+        "threshold": Param(int, 0, ">= 0 (tokens)", _non_negative,
+                           "TTFT budget expressed as uncached tokens"),
+        "next_prompt_estimate": Param(int, 0, ">= 0 (tokens)", _non_negative,
+                                      "expected length of the next user prompt"),
+    }
+
+    @classmethod
+    def check_config(cls, values):
+        if values["threshold"] <= values["next_prompt_estimate"]:
+            return [
+                "eviction policy 'tlru' needs 'threshold' greater than 'next_prompt_estimate' "
+                f"(got {values['threshold']} <= {values['next_prompt_estimate']}); otherwise no "
+                "page is ever TEL-safe and the policy is plain LRU"
+            ]
+        return []
+
+    def bind(self, tree):
+        super().bind(tree)
+        self._slack = self.next_prompt_estimate - self.threshold
+
+    def on_touch(self, page_keys, k, clock, last_node):
+        n = last_node.depth + 1
+        node = last_node
+        root = self.tree.root
+        while node is not root:
+            if node.hw < n:
+                node.hw = n
+            node = node.parent
+
+    def key(self, node):
+        ps = self.page_size
+        budget = node.hw * ps + self._slack
+        safe = node.depth * ps >= (budget if budget > 0 else 0)
+        return (0 if safe else 1 << SHIFT) + node.last_access
+
+
+class BeladyPolicy(EvictionPolicy):
+    """Offline optimum under the leaf/pin constraints: evict the leaf reused furthest ahead.
+
+    Key = (-next_use, last_access); pages never used again share next_use = infinity and
+    fall back to LRU.  Only usable in a replay, which calls :meth:`prepare` with the
+    whole workload; the clock must be the request index.
+    """
+
+    name = "belady"
+    wants_touch = True
+    needs_future = True
+
+    def prepare(self, requests_page_keys):
+        nxt: List[List[int]] = [None] * len(requests_page_keys)  # type: ignore[list-item]
+        seen: Dict[Any, int] = {}
+        get = seen.get
+        for i in range(len(requests_page_keys) - 1, -1, -1):
+            keys = requests_page_keys[i]
+            nxt[i] = [get(key, NEVER) for key in keys]
+            for key in keys:
+                seen[key] = i
+        self._next = nxt
+
+    def on_touch(self, page_keys, k, clock, last_node):
+        nu = self._next[clock]
+        node = last_node
+        j = last_node.depth
+        while j >= 0:
+            node.aux = nu[j]
+            node = node.parent
+            j -= 1
+
+    def key(self, node):
+        return ((NEVER - node.aux) << SHIFT) + node.last_access
+
+
+class GhostFreqPolicy(EvictionPolicy):
+    """Placeholder replaced below by the tuned policy."""
+
+    name = "_ghostfreq"
+
+    def key(self, node):
+        return node.last_access
+
+
+# ------------------------------------------------------------------- registry
+@dataclass(frozen=True)
+class PolicyInfo:
+    name: str
+    cls: Type[EvictionPolicy]
+    replay_only: bool
+    config_choice: bool
+
+
+_POLICIES: Dict[str, PolicyInfo] = {}
+
+
+def register_eviction_policy(name: str, cls: Type[EvictionPolicy], *, replay_only: bool = False,
+                             config_choice: Optional[bool] = None, replace: bool = False) -> None:
+    """Make ``cls`` available under ``name``.
+
+    Unless ``replay_only`` (or ``config_choice=False``), the name also becomes a legal
+    value of ``memory.radix_eviction_policy`` in the config layer.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"policy names must be non-empty strings, got {name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)):
+        raise TypeError(f"{cls!r} is not an EvictionPolicy subclass")
+    if name in _POLICIES and not replace and _POLICIES[name].cls is not cls:
+        raise ValueError(f"eviction policy {name!r} is already registered")
+    if config_choice is None:
+        config_choice = not replay_only
+    if replay_only and config_choice:
+        raise ValueError("a replay-only policy cannot be a configuration choice")
+    _POLICIES[name] = PolicyInfo(name, cls, replay_only, config_choice)
+    if config_choice:
+        from sglang_hydra.config.choices import add_radix_eviction_policy_choices
+
+        add_radix_eviction_policy_choices(name)
+
+
+def get_policy_info(name: str) -> PolicyInfo:
+    try:
+        return _POLICIES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown eviction policy {name!r}; known policies: {', '.join(available_policies())}"
+        ) from None
+
+
+def available_policies(*, include_replay_only: bool = True) -> List[str]:
+    return [n for n, info in _POLICIES.items() if include_replay_only or not info.replay_only]
+
+
+def _fill(cls: Type[EvictionPolicy], cfg: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    values = {p: spec.default for p, spec in cls.PARAMS.items()}
+    if cfg:
+        values.update(cfg)
+    return values
+
+
+def validate_policy_config(name: str, cfg: Optional[Mapping[str, Any]]) -> List[str]:
+    """Error messages for ``memory.radix_eviction_policy_config`` under policy ``name``.
+
+    Returns an empty list when the combination is fine.  ``None`` and ``{}`` mean
+    "all defaults" (cross-parameter rules still apply, so ``tlru`` with no config is an
+    error, as in the reference engine).
+    """
+    info = _POLICIES.get(name)
+    if info is None:
+        return [f"unknown eviction policy {name!r}; known policies: "
+                f"{', '.join(available_policies())}"]
+    if cfg is None:
+        cfg = {}
+    if not isinstance(cfg, Mapping):
+        return [f"radix_eviction_policy_config must be a mapping of parameter names to values, "
+                f"got {type(cfg).__name__}"]
+    cls = info.cls
+    errors: List[str] = []
+    for key, value in cfg.items():
+        spec = cls.PARAMS.get(key)
+        if spec is None:
+            accepted = (", ".join(repr(p) for p in cls.PARAMS)
+                        if cls.PARAMS else "no parameters")
+            errors.append(f"unknown key {key!r} in radix_eviction_policy_config for eviction "
+                          f"policy {name!r} (it accepts {accepted})")
+        elif not spec.accepts(value):
+            errors.append(f"parameter {key!r} of eviction policy {name!r} must be "
+                          f"{spec.describe()}, got {value!r}")
+    if not errors:
+        errors.extend(cls.check_config(_fill(cls, cfg)))
+    return errors
+
+
+def make_policy(name: str, config: Optional[Mapping[str, Any]] = None, *,
+                page_size: int = 1) -> EvictionPolicy:
+    """Validate ``config`` and build a fresh policy instance for one tree."""
+    errors = validate_policy_config(name, config)
+    if errors:
+        raise ValueError("; ".join(errors))
+    info = _POLICIES[name]
+    return info.cls(page_size=page_size, **dict(config or {}))
+
+
+register_eviction_policy("lru", LRUPolicy)
+register_eviction_policy("lfu", LFUPolicy)
+register_eviction_policy("fifo", FIFOPolicy, config_choice=False)
+register_eviction_policy("slru", SLRUPolicy)
+register_eviction_policy("priority", PriorityPolicy)
+register_eviction_policy("tlru", TLRUPolicy)
+register_eviction_policy("belady", BeladyPolicy, replay_only=True)

@@ -1,0 +1,135 @@
+"""Resolution: turn the values a user gave into the values the server runs with.
+
+Rules live beside the namespace they concern (``rules/<namespace>.py``) and register
+themselves with a step number that fixes their order (the reference engine's pipeline
+order, so one rule sees what an earlier one decided).  A rule reads the live values, may
+*declare* new values (each rewrite is logged with the rule, the field and both values),
+and reports problems instead of raising, so one command gets all of its errors at once.
+The user's input is never lost: the record keeps it as ``raw_input``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from .errors import ConfigError, Problem, problem_for
+from .record import FIELDS, ServerArgs, finalize
+
+log = logging.getLogger("sglang_hydra.config")
+
+
+@dataclass(frozen=True)
+class Rule:
+    step: float
+    rule_id: str
+    fn: Callable[["Resolving"], None]
+
+
+RULES: List[Rule] = []
+
+
+def rule(step: float, rule_id: str):
+    """Register a resolution rule to run at ``step`` (lower runs first)."""
+    def deco(fn):
+        RULES.append(Rule(step, rule_id, fn))
+        RULES.sort(key=lambda r: r.step)
+        return fn
+    return deco
+
+
+class Resolving:
+    """The live state rules read and write.  ``cfg.hicache_ratio`` reads the current value."""
+
+    def __init__(self, values: Dict[str, Any], explicit: frozenset, env: Mapping[str, str],
+                 host: Optional[Dict[str, Any]] = None):
+        object.__setattr__(self, "values", dict(values))
+        object.__setattr__(self, "raw", dict(values))
+        object.__setattr__(self, "explicit", explicit)
+        object.__setattr__(self, "env", env)
+        object.__setattr__(self, "host", host or {})
+        object.__setattr__(self, "log", [])
+        object.__setattr__(self, "problems", [])
+        object.__setattr__(self, "notes", [])
+        object.__setattr__(self, "current_rule", "")
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(f"no record field {name!r}") from None
+
+    def __setattr__(self, name, value):
+        raise AttributeError("resolution writes through declare(), never by assignment")
+
+    def declare(self, *, warn: Optional[str] = None, **fields: Any) -> None:
+        for k, v in fields.items():
+            if k not in FIELDS:
+                raise AttributeError(f"{self.current_rule}: {k!r} is not a record field")
+            old = self.values[k]
+            self.values[k] = v
+            self.log.append((self.current_rule, k, old, v))
+            if old != v:
+                text = f"{FIELDS[k].key}: {old!r} -> {v!r} ({self.current_rule})"
+                if warn:
+                    text += f": {warn}"
+                self.notes.append((logging.WARNING if warn else logging.INFO, text))
+
+    def error(self, field: str, message: str) -> None:
+        self.problems.append(problem_for(field, message, self.current_rule))
+
+    def warn(self, message: str) -> None:
+        self.notes.append((logging.WARNING, f"{message} ({self.current_rule})"))
+
+    def info(self, message: str) -> None:
+        self.notes.append((logging.INFO, f"{message} ({self.current_rule})"))
+
+    def getenv_flag(self, name: str) -> bool:
+        return str(self.env.get(name, "")).strip().lower() in ("1", "true", "yes", "on")
+
+    # Derived helpers the rules share.
+    @property
+    def mode(self) -> str:
+        return self.values["disaggregation_mode"]
+
+    @property
+    def backend(self) -> str:
+        return self.values["disaggregation_transfer_backend"]
+
+    def attn_dp_enabled(self) -> bool:
+        return self.values["attn_dp_size"] > 1 or self.values["ep_join_mode"] == "scale"
+
+    def use_mla(self) -> bool:
+        return self.values["attention_arch"] == "mla"
+
+
+def _load_rules() -> None:
+    from .rules import disagg, memory, misc, parallel  # noqa: F401  (registration side effects)
+
+
+def resolve(values: Dict[str, Any], *, explicit: frozenset = frozenset(), env: Optional[Mapping[str, str]] = None,
+            host: Optional[Dict[str, Any]] = None) -> ServerArgs:
+    """Run every rule in order; raise one ConfigError with all problems, else freeze the record."""
+    _load_rules()
+    st = Resolving(values, explicit, os.environ if env is None else env, host)
+    if "radix_eviction_policy" in explicit:
+        st.values["_radix_eviction_policy_explicitly_set"] = True
+    for r in RULES:
+        object.__setattr__(st, "current_rule", r.rule_id)
+        r.fn(st)
+    if st.problems:
+        raise ConfigError(_dedupe(st.problems))
+    for level, text in st.notes:
+        log.log(level, text)
+    return finalize(st.values, raw=st.raw, explicit=explicit, log=tuple(st.log))
+
+
+def _dedupe(problems: List[Problem]) -> List[Problem]:
+    seen, out = set(), []
+    for p in problems:
+        k = (p.key, p.message)
+        if k not in seen:
+            seen.add(k)
+            out.append(p)
+    return out

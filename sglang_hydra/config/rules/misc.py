@@ -1,0 +1,155 @@
+"""Rules of the ``model``, ``device``, ``schedule`` and ``exec`` namespaces that decide
+whether caching can run at all (geometry from a checkpoint, device detection, page size,
+and every writer of ``disable_radix_cache``)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..resolve import Resolving, rule
+
+# Geometry keys of an HF config.json and the model fields they fill.
+_HF_KEYS = {
+    "num_hidden_layers": "num_hidden_layers",
+    "num_key_value_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "v_head_dim": "v_head_dim",
+    "kv_lora_rank": "kv_lora_rank",
+    "qk_rope_head_dim": "qk_rope_head_dim",
+    "max_position_embeddings": "max_position_embeddings",
+    "model_type": "model_type",
+}
+_RADIX_SAFE_DETERMINISTIC = ("ascend", "fa3", "fa4", "triton")
+_RADIX_OFF_ARCHS = {
+    "WhisperForConditionalGeneration": "Whisper is an encoder-decoder model",
+    "EmbeddingGemma2Model": "EmbeddingGemma2 runs without prefix reuse",
+    "EmbeddingGemmaModel": "EmbeddingGemma runs without prefix reuse",
+}
+
+
+@rule(0, "model-geometry")
+def geometry_from_checkpoint(cfg: Resolving) -> None:
+    """A local checkpoint's config.json overrides preset geometry the user did not set."""
+    path = Path(str(cfg.model_path))
+    cj = path / "config.json"
+    if not path.is_dir():
+        return
+    if not cj.is_file():
+        cfg.error("model_path", f"{str(path)!r} is a directory without config.json; point it at a checkpoint or use a preset name")
+        return
+    try:
+        hf = json.loads(cj.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        cfg.error("model_path", f"cannot read {cj}: {exc}")
+        return
+    if not isinstance(hf, dict):
+        cfg.error("model_path", f"{cj} does not hold a JSON object")
+        return
+    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else hf
+    found = {}
+    for hk, field in _HF_KEYS.items():
+        if text.get(hk) is not None:
+            found[field] = text[hk]
+    if "num_key_value_heads" not in found and text.get("num_attention_heads"):
+        found["num_key_value_heads"] = text["num_attention_heads"]
+    if "head_dim" not in found and text.get("hidden_size") and text.get("num_attention_heads"):
+        found["head_dim"] = text["hidden_size"] // text["num_attention_heads"]
+    archs = hf.get("architectures") or []
+    if archs:
+        found["architecture"] = archs[0]
+    if found.get("kv_lora_rank"):
+        found["attention_arch"] = "mla"
+    elif "kv_lora_rank" in _HF_KEYS and "attention_arch" not in cfg.explicit:
+        found["attention_arch"] = "mha"
+    if text.get("sliding_window") and text.get("layer_types"):
+        found["hybrid"] = "swa"
+    fill = {k: v for k, v in found.items() if k not in cfg.explicit}
+    if fill:
+        cfg.declare(**fill)
+
+
+@rule(21, "device-default")
+def detect_device(cfg: Resolving) -> None:
+    """Unset device: cuda when a GPU is visible, else cpu; any ':N' index is dropped."""
+    dev = cfg.device
+    if dev is None:
+        dev = "cuda" if _gpu_visible(cfg.env) else "cpu"
+    dev = str(dev).split(":", 1)[0]
+    if dev != cfg.device:
+        cfg.declare(device=dev)
+
+
+def _gpu_visible(env) -> bool:
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and cvd.strip() in ("", "-1"):
+        return False
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return gpus.is_dir() and any(gpus.iterdir())
+
+
+@rule(24, "X-POD")
+def prefill_only_without_kv(cfg: Resolving) -> None:
+    if not cfg.prefill_only_disable_kv_cache:
+        return
+    if not cfg.disable_radix_cache:
+        cfg.error("prefill_only_disable_kv_cache", "needs --disable-radix-cache: with no KV kept, the radix "
+                  "cache would point at slots holding no data")
+    if cfg.enable_hisparse:
+        cfg.error("prefill_only_disable_kv_cache", "cannot be combined with --enable-hisparse, which needs its "
+                  "own pool family rather than the no-op KV pool")
+
+
+@rule(30, "X-NPU")
+def npu_hicache_defaults(cfg: Resolving) -> None:
+    """On Ascend NPUs the host tier always uses the NPU copy kernels and an NPU layout."""
+    if cfg.device != "npu":
+        return
+    host_tier = (cfg.enable_hierarchical_cache or cfg.disaggregation_decode_enable_offload_kvcache
+                 or (cfg.mode == "decode" and cfg.disaggregation_decode_retraction_backup in (None, "host_pool")))
+    if host_tier:
+        cfg.declare(hicache_io_backend="kernel_ascend",
+                    hicache_mem_layout="page_first_kv_split" if cfg.use_mla() else "page_first_direct")
+
+
+@rule(34, "X-DRC")
+def radix_off_for_model(cfg: Resolving) -> None:
+    why = _RADIX_OFF_ARCHS.get(cfg.architecture)
+    if why and not cfg.disable_radix_cache:
+        cfg.declare(disable_radix_cache=True, warn=f"prefix caching is turned off: {why}")
+
+
+@rule(38, "X-DRC")
+def radix_off_for_determinism(cfg: Resolving) -> None:
+    if not cfg.enable_deterministic_inference:
+        return
+    backend = cfg.attention_backend or cfg.prefill_attention_backend or cfg.decode_attention_backend or "triton"
+    if backend not in _RADIX_SAFE_DETERMINISTIC and not cfg.disable_radix_cache:
+        cfg.declare(disable_radix_cache=True, warn=f"deterministic inference on the {backend} attention backend "
+                    "cannot reuse prefixes yet (works with: " + ", ".join(_RADIX_SAFE_DETERMINISTIC) + ")")
+
+
+@rule(47, "page-size-default")
+def default_page_size(cfg: Resolving) -> None:
+    if cfg.page_size is None:
+        vectorized = cfg.device == "hip" and cfg.env.get("SGLANG_AITER_KV_CACHE_LAYOUT") == "vectorized_5d"
+        cfg.declare(page_size=64 if cfg.device == "musa" or vectorized else 1)
+
+
+@rule(51, "X-DRC")
+def radix_off_for_multi_item_scoring(cfg: Resolving) -> None:
+    if cfg.enable_mis and not cfg.disable_radix_cache:
+        cfg.declare(disable_radix_cache=True, warn="multi-item scoring (--enable-mis) needs the radix cache off")
+
+
+@rule(79, "X-DLLM")
+def diffusion_llm(cfg: Resolving) -> None:
+    if not cfg.dllm_algorithm:
+        return
+    if not cfg.disable_radix_cache:
+        for name, label in (("enable_hierarchical_cache", "the hierarchical cache"), ("enable_lmcache", "LMCache"),
+                            ("enable_flexkv", "FlexKV")):
+            if cfg.values[name]:
+                cfg.declare(**{name: False}, warn=f"{label} is turned off for diffusion LLM inference")
+    if cfg.mode != "null":
+        cfg.declare(disaggregation_mode="null", warn="diffusion LLM inference cannot run disaggregated")

@@ -1,0 +1,1 @@
+"""Built-in transfer backends. Each module is imported lazily by the registry."""

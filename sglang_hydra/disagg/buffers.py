@@ -1,0 +1,182 @@
+"""Where the KV bytes live: a small buffer protocol, a torch implementation and a page allocator.
+
+The transfer code only needs, per KV buffer, one contiguous tensor in which page ``p`` is the
+rows ``[p * page_size, (p + 1) * page_size)``. :class:`KVBufferSource` is that protocol;
+:func:`buffers_from_memory` adapts the pools built by ``sglang_hydra.memory`` to it.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class KVBufferSource(Protocol):
+    page_size: int
+
+    def contiguous_buffers(self) -> List[Tuple[str, torch.Tensor]]:
+        ...
+
+
+_DTYPES = {
+    "auto": torch.bfloat16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "fp8_e4m3": torch.uint8, "fp8_e5m2": torch.uint8, "fp8": torch.uint8, "int8": torch.uint8,
+}
+
+
+class TensorKVBuffers:
+    """K buffers for every layer then V buffers for every layer, each ``(rows, heads, dim)``.
+
+    ``rows = (num_pages + reserved) * page_size``; with ``reserve_page0`` (the default, as in
+    the reference pools) page 0 is a padding page the allocator never hands out.
+    """
+
+    def __init__(self, *, num_layers: int, num_pages: int, page_size: int, head_num: int,
+                 head_dim: int, dtype: torch.dtype = torch.bfloat16, reserve_page0: bool = True):
+        if min(num_layers, num_pages, page_size, head_num, head_dim) <= 0:
+            raise ValueError("TensorKVBuffers: all sizes must be positive")
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.first_page = 1 if reserve_page0 else 0
+        rows = (num_pages + self.first_page) * page_size
+        self._bufs: List[Tuple[str, torch.Tensor]] = []
+        for kind in ("k", "v"):
+            for layer in range(num_layers):
+                self._bufs.append((f"{kind}_buffer[{layer}]",
+                                   torch.zeros((rows, head_num, head_dim), dtype=dtype)))
+
+    def contiguous_buffers(self) -> List[Tuple[str, torch.Tensor]]:
+        return list(self._bufs)
+
+    def make_allocator(self) -> "PageAllocator":
+        return PageAllocator(self.num_pages, first_page=self.first_page)
+
+
+class PageAllocator:
+    """A minimal page allocator with a checkable invariant (used until the memory pools land).
+
+    Pages ``first_page .. first_page + num_pages - 1`` are either free or handed out, never
+    both, never twice.
+    """
+
+    def __init__(self, num_pages: int, first_page: int = 1):
+        self.num_pages = num_pages
+        self.first_page = first_page
+        self._free: List[int] = list(range(first_page, first_page + num_pages))
+        self._used: set = set()
+        self._lock = threading.Lock()
+
+    def available(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    def alloc(self, n: int) -> Optional[List[int]]:
+        with self._lock:
+            if n > len(self._free):
+                return None
+            pages, self._free = self._free[:n], self._free[n:]
+            self._used.update(pages)
+            return pages
+
+    def free(self, pages: Sequence[int]) -> None:
+        with self._lock:
+            for p in pages:
+                p = int(p)
+                if p not in self._used:
+                    raise RuntimeError(f"page {p} freed but not allocated")
+                self._used.discard(p)
+            self._free = [int(p) for p in pages] + self._free
+
+    def check_invariants(self) -> None:
+        with self._lock:
+            free = set(self._free)
+            if len(free) != len(self._free):
+                raise AssertionError("a page is on the free list twice")
+            if free & self._used:
+                raise AssertionError(f"pages both free and in use: {sorted(free & self._used)[:8]}")
+            expected = set(range(self.first_page, self.first_page + self.num_pages))
+            if free | self._used != expected:
+                raise AssertionError("free + used pages do not cover the pool exactly")
+
+    @property
+    def used(self) -> int:
+        with self._lock:
+            return len(self._used)
+
+
+@dataclass
+class KVArgs:
+    """What a backend needs to know about one side's KV buffers (shared by every backend)."""
+
+    engine_rank: int = 0
+    page_size: int = 1
+    kv_cache_dtype: str = "auto"
+    buffer_names: List[str] = field(default_factory=list)
+    kv_data_ptrs: List[int] = field(default_factory=list)
+    kv_data_lens: List[int] = field(default_factory=list)
+    kv_item_lens: List[int] = field(default_factory=list)
+    ib_device: Optional[str] = None
+    tensors: List[torch.Tensor] = field(default_factory=list, repr=False)
+
+    def regions(self) -> List[Tuple[int, int]]:
+        return list(zip(self.kv_data_ptrs, self.kv_data_lens))
+
+    def layout(self) -> dict:
+        return {"page_size": self.page_size, "kv_cache_dtype": self.kv_cache_dtype,
+                "kv_item_lens": list(self.kv_item_lens), "num_buffers": len(self.kv_item_lens)}
+
+
+def kv_args_from_source(source: KVBufferSource, *, kv_cache_dtype: str = "auto",
+                        engine_rank: int = 0, ib_device: Optional[str] = None) -> KVArgs:
+    """Pointers, byte lengths and per-page byte sizes of every buffer of ``source``."""
+    ps = int(source.page_size)
+    args = KVArgs(engine_rank=engine_rank, page_size=ps, kv_cache_dtype=kv_cache_dtype,
+                  ib_device=ib_device)
+    for name, t in source.contiguous_buffers():
+        if not t.is_contiguous():
+            raise ValueError(f"KV buffer {name} is not contiguous; it cannot be registered")
+        if t.device.type != "cpu":
+            raise ValueError(f"KV buffer {name} lives on {t.device}; this build moves host memory only")
+        rows = t.shape[0]
+        nbytes = t.numel() * t.element_size()
+        if rows % ps:
+            raise ValueError(f"KV buffer {name}: {rows} rows is not a multiple of page_size {ps}")
+        row_bytes = nbytes // rows
+        args.buffer_names.append(name)
+        args.kv_data_ptrs.append(t.data_ptr())
+        args.kv_data_lens.append(nbytes)
+        args.kv_item_lens.append(row_bytes * ps)
+        args.tensors.append(t)
+    if not args.kv_data_ptrs:
+        raise ValueError("the KV buffer source has no buffers")
+    return args
+
+
+class _MemoryAdapter:
+    def __init__(self, pool: Any, page_size: int):
+        self._pool = pool
+        self.page_size = page_size
+
+    def contiguous_buffers(self):
+        return list(self._pool.contiguous_buffers())
+
+
+def buffers_from_memory(memory: Any) -> KVBufferSource:
+    """Adapt the object returned by ``sglang_hydra.memory.build_memory(record)``."""
+    pool = getattr(memory, "device_pool", memory)
+    if not hasattr(pool, "contiguous_buffers"):
+        raise TypeError(f"{type(memory).__name__} has no device_pool.contiguous_buffers()")
+    ps = getattr(pool, "page_size", None) or getattr(memory, "page_size", None)
+    if ps is None:
+        raise TypeError("cannot find page_size on the memory object or its device pool")
+    return _MemoryAdapter(pool, int(ps))
+
+
+def dtype_for(kv_cache_dtype: str, fallback: str = "auto") -> torch.dtype:
+    key = kv_cache_dtype if kv_cache_dtype != "auto" else fallback
+    return _DTYPES.get(key, torch.bfloat16)
