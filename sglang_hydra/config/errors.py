@@ -21,7 +21,7 @@ class Problem:
         where = self.key or "config"
         if self.flag:
             where += f" ({self.flag})"
-        src = f" [{self.source}]" if self.source else ""
+        src = f" [{self.source}]" if self.source and self.source != self.flag else ""
         return f"{where}: {self.message}{src}"
 
 

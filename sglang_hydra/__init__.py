@@ -1,0 +1,37 @@
+"""sglang-hydra: SGLang's memory and disaggregation settings as Hydra-composed dataclasses.
+
+``compose_record`` turns Hydra overrides and the reference engine's flags into one
+resolved, immutable ``ServerArgs``; later stages (memory pools, caches, PD transfer,
+replay) read only that record.  Importing this package never imports torch or Hydra.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "compose_record": ("sglang_hydra.config.compose", "compose_record"),
+    "legacy_parser": ("sglang_hydra.config.legacy", "legacy_parser"),
+    "ServerArgs": ("sglang_hydra.config.record", "ServerArgs"),
+    "ConfigError": ("sglang_hydra.config.errors", "ConfigError"),
+    "namespace_of": ("sglang_hydra.config.record", "namespace_of"),
+    "get_memory": ("sglang_hydra.config.record", "get_memory"),
+    "get_disagg": ("sglang_hydra.config.record", "get_disagg"),
+    "get_model": ("sglang_hydra.config.record", "get_model"),
+    "get_schedule": ("sglang_hydra.config.record", "get_schedule"),
+    "get_parallel": ("sglang_hydra.config.record", "get_parallel"),
+    "get_device": ("sglang_hydra.config.record", "get_device"),
+    "get_spec": ("sglang_hydra.config.record", "get_spec"),
+    "get_serving": ("sglang_hydra.config.record", "get_serving"),
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        mod, attr = _LAZY[name]
+        value = getattr(importlib.import_module(mod), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'sglang_hydra' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""The configuration layer: pure Python + omegaconf/Hydra, never torch or triton."""

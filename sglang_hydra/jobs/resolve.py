@@ -1,0 +1,35 @@
+"""``job=resolve``: print the resolved record (yaml/json in record order, or reference flags)."""
+from __future__ import annotations
+
+import json
+
+from ..config.legacy import to_argv
+from ..config.record import FIELDS
+from .context import JobContext, atomic_write
+
+
+def render(record, fmt: str) -> str:
+    values = record.to_dict()
+    if fmt == "json":
+        return json.dumps(values, indent=2)
+    if fmt == "argv":
+        import shlex
+        defaults = {n: fi.default_value() for n, fi in FIELDS.items()}
+        raw = dict(record.raw_input) or values
+        return " ".join(shlex.quote(a) for a in to_argv(raw, defaults))
+    import yaml
+    return yaml.safe_dump(values, sort_keys=False, default_flow_style=None, width=120)
+
+
+def run(record, job: dict, ctx: JobContext) -> dict:
+    text = render(record, job.get("format", "yaml"))
+    print(text if text.endswith("\n") else text + "\n", end="")
+    if job.get("output"):
+        atomic_write(job["output"], text)
+    if ctx.multirun:
+        ctx.write_text(f"record.{ 'json' if job.get('format') == 'json' else 'yaml'}", render(record, "json" if job.get("format") == "json" else "yaml"))
+    return {"fields": len(values_of(record))}
+
+
+def values_of(record):
+    return record.to_dict()
