@@ -73,7 +73,7 @@ def _build_record_class():
         "__doc__": "The flat server record: every field of every namespace, in record order.",
         "__module__": __name__,
         "__reduce__": _reduce,
-        "raw_input": property(lambda self: self.__dict__.get("_raw_input", MappingProxyType({}))),
+        "raw_input": property(lambda self: MappingProxyType(self.__dict__.get("_raw_input", {}))),
         "explicit_fields": property(lambda self: self.__dict__.get("_explicit", frozenset())),
         "resolution_log": property(lambda self: self.__dict__.get("_log", ())),
         "is_explicit": lambda self, name: name in self.__dict__.get("_explicit", frozenset()),
@@ -101,7 +101,7 @@ def finalize(values: Dict[str, Any], *, raw: Mapping[str, Any], explicit: Frozen
     """Freeze resolved values into a record that remembers its provenance."""
     rec = ServerArgs(**values)
     d = rec.__dict__
-    d["_raw_input"] = MappingProxyType(dict(raw))
+    d["_raw_input"] = dict(raw)
     d["_explicit"] = frozenset(explicit)
     d["_log"] = tuple(log)
     return rec

@@ -192,6 +192,8 @@ class DirectTransfer(TransferBackend):
     """``direct`` io backend: torch slice copies and index_select / index_copy_."""
 
     name = "direct"
+    #: runs carrying fewer bytes than this (on average) use one gather + one scatter instead
+    min_run_bytes = _MIN_RUN_BYTES
 
     def _copy(self, pairs, src_pages, dst_pages, tail, to_host) -> int:
         ps = self.page_size
@@ -203,7 +205,7 @@ class DirectTransfer(TransferBackend):
         for _, hv, dv in pairs:
             src, dst = (dv, hv) if to_host else (hv, dv)
             page_bytes = dv[:, :1].numel() * dv.element_size()
-            if runs and full / len(runs) * page_bytes < _MIN_RUN_BYTES and src.device == dst.device:
+            if runs and full / len(runs) * page_bytes < self.min_run_bytes and src.device == dst.device:
                 ops += self._gather_scatter(src, dst, src_pages[:full], dst_pages[:full])
             else:
                 for s0, d0, ln in runs:

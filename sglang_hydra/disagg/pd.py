@@ -1,0 +1,653 @@
+"""The two roles of a prefill/decode pair, as plain functions the jobs call.
+
+* :func:`run_prefill` - stand up the bootstrap server and the prefill KV manager, then serve
+  requests: fill each request's pages, wait for decode's destination pages, transfer, free.
+* :func:`run_decode` - look up the prefill through its bootstrap server, register buffers,
+  then for each request allocate pages, send their indices, wait for the terminal state,
+  verify the bytes, free.
+* :func:`run_pair` - both of the above as separate processes on 127.0.0.1 with free ports,
+  summarised as a :class:`PairResult`.
+
+:class:`PrefillWorker` and :class:`DecodeWorker` are the long-lived objects behind the
+functions; tests use them directly to keep one side alive while the other side is killed.
+Request ``i`` of a run has bootstrap room ``room_base + i`` on both sides.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import socket
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .buffers import (KVBufferSource, PageAllocator, TensorKVBuffers, buffers_from_memory, dtype_for,
+                      kv_args_from_source)
+from .envs import DisaggEnv
+from .registry import backend_classes, resolve_backend_name
+from .states import TERMINAL, KVPoll
+
+logger = logging.getLogger("sglang_hydra.disagg.pd")
+DEFAULT_HOST = "127.0.0.1"
+
+
+# ------------------------------------------------------------------------------------ results
+@dataclass
+class RequestResult:
+    room: int
+    status: str
+    pages: int
+    bytes: int
+    latency_s: Optional[float] = None
+    reason: Optional[str] = None
+    checksum: Optional[bool] = None   # None: not checked
+    verified: Optional[bool] = None   # byte-for-byte comparison on decode (None: not checked)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "Success"
+
+
+@dataclass
+class SideResult:
+    role: str
+    backend: str
+    endpoints: Dict[str, Any]
+    registration: Dict[str, Any]
+    requests: List[RequestResult] = field(default_factory=list)
+    wall_s: float = 0.0
+    transfer_s: float = 0.0
+    allocator_error: Optional[str] = None
+    pages_in_use_after: int = 0
+
+    @property
+    def succeeded(self) -> int:
+        return sum(r.ok for r in self.requests)
+
+    @property
+    def failed(self) -> int:
+        return sum(not r.ok for r in self.requests)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "SideResult":
+        d = dict(d)
+        d["requests"] = [RequestResult(**r) for r in d.get("requests", [])]
+        return cls(**d)
+
+
+def _percentile(xs: Sequence[float], q: float) -> Optional[float]:
+    xs = sorted(xs)
+    if not xs:
+        return None
+    k = max(0, min(len(xs) - 1, math.ceil(q / 100.0 * len(xs)) - 1))
+    return xs[k]
+
+
+@dataclass
+class PairResult:
+    backend: str
+    requests: int
+    pages_per_request: int
+    succeeded: int
+    failed: int
+    p50_ms: Optional[float]
+    p99_ms: Optional[float]
+    gbps: Optional[float]
+    pages_moved: int
+    bytes_moved: int
+    checksum_checked: int
+    checksum_mismatches: int
+    failures: List[Tuple[int, str]]
+    prefill: Optional[SideResult]
+    decode: Optional[SideResult]
+    wall_s: float
+    errors: List[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        def f(x, fmt):
+            return "n/a" if x is None else format(x, fmt)
+        return (f"backend={self.backend} requests={self.requests} pages/request={self.pages_per_request} "
+                f"ok={self.succeeded} failed={self.failed} P50={f(self.p50_ms, '.2f')}ms "
+                f"P99={f(self.p99_ms, '.2f')}ms throughput={f(self.gbps, '.3f')}GB/s "
+                f"pages={self.pages_moved} bytes={self.bytes_moved} checksum ok="
+                f"{self.checksum_checked - self.checksum_mismatches}/{self.checksum_checked}")
+
+
+# ------------------------------------------------------------------------------------ KV memory
+@dataclass(frozen=True)
+class KVGeometry:
+    """Shape of the KV buffers a side allocates when no memory pool is given."""
+    num_layers: int
+    head_num: int
+    head_dim: int
+    page_size: int
+    num_pages: int
+    dtype: str = "bfloat16"
+    reserve_page0: bool = True
+    kv_split: bool = True
+
+    @classmethod
+    def from_record(cls, record, num_pages: Optional[int] = None) -> "KVGeometry":
+        ps = int(getattr(record, "page_size", 1) or 1)
+        if num_pages is None:
+            tokens = getattr(record, "max_total_tokens", None) or 65536
+            num_pages = max(1, int(tokens) // ps)
+        kv_dtype = str(getattr(record, "kv_cache_dtype", "auto"))
+        dt = dtype_for(kv_dtype, str(getattr(record, "dtype", "auto")))
+        return cls(num_layers=int(getattr(record, "num_hidden_layers", None) or 2),
+                   head_num=int(getattr(record, "num_key_value_heads", None) or 2),
+                   head_dim=int(getattr(record, "head_dim", None) or 16), page_size=ps,
+                   num_pages=num_pages, dtype=str(dt).replace("torch.", ""))
+
+    def build(self) -> TensorKVBuffers:
+        buf = TensorKVBuffers(num_layers=self.num_layers * (1 if self.kv_split else 1),
+                              num_pages=self.num_pages, page_size=self.page_size, head_num=self.head_num,
+                              head_dim=self.head_dim, dtype=getattr(torch, self.dtype),
+                              reserve_page0=self.reserve_page0)
+        if not self.kv_split:  # one buffer per layer instead of K and V
+            buf._bufs = buf._bufs[: self.num_layers]
+        return buf
+
+    @property
+    def bytes_per_page(self) -> int:
+        return (2 if self.kv_split else 1) * self.num_layers * self.page_size * self.head_num * \
+            self.head_dim * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+
+
+def build_kv_source(record, geometry: Optional[KVGeometry] = None) -> Tuple[KVBufferSource, Any]:
+    """KV buffers + allocator: the real pools from ``sglang_hydra.memory`` when available."""
+    if geometry is None:
+        try:
+            from sglang_hydra.memory import build_memory  # type: ignore
+        except ImportError:
+            build_memory = None
+        if build_memory is not None:
+            memory = build_memory(record)
+            source = buffers_from_memory(memory)
+            alloc = getattr(memory, "allocator", None)
+            if alloc is None or not all(hasattr(alloc, m) for m in ("alloc", "free")):
+                rows = source.contiguous_buffers()[0][1].shape[0]
+                alloc = PageAllocator(rows // source.page_size - 1, first_page=1)
+            return source, alloc
+        geometry = KVGeometry.from_record(record)
+    buf = geometry.build()
+    return buf, buf.make_allocator()
+
+
+def _pattern(room: int, buf: int, nbytes: int) -> torch.Tensor:
+    k = (nbytes + 7) // 8
+    x = (torch.arange(k, dtype=torch.int64) + (room * 1_000_003 + buf * 7_919 + 1)) * 6364136223846793005
+    x = x ^ (x >> 29)
+    return x.view(torch.uint8)[:nbytes]
+
+
+def _page_rows(args, b: int) -> torch.Tensor:
+    return args.tensors[b].reshape(-1).view(torch.uint8).view(-1, args.kv_item_lens[b])
+
+
+def fill_pages(args, pages: Sequence[int], room: int) -> None:
+    idx = torch.as_tensor(list(pages), dtype=torch.long)
+    for b, il in enumerate(args.kv_item_lens):
+        _page_rows(args, b)[idx] = _pattern(room, b, len(pages) * il).view(len(pages), il)
+
+
+def check_pages(args, pages: Sequence[int], room: int) -> bool:
+    idx = torch.as_tensor(list(pages), dtype=torch.long)
+    for b, il in enumerate(args.kv_item_lens):
+        if not torch.equal(_page_rows(args, b)[idx], _pattern(room, b, len(pages) * il).view(len(pages), il)):
+            return False
+    return True
+
+
+def _check_allocator(alloc) -> Optional[str]:
+    fn = getattr(alloc, "check_invariants", None)
+    if fn is None:
+        return None
+    try:
+        fn()
+    except AssertionError as e:
+        return str(e) or "allocator invariant violated"
+    return None
+
+
+def _registration(args) -> Dict[str, Any]:
+    return {"buffers": len(args.kv_data_ptrs), "total_bytes": sum(args.kv_data_lens),
+            "item_lens": sorted(set(args.kv_item_lens)), "page_size": args.page_size,
+            "bytes_per_page": sum(args.kv_item_lens)}
+
+
+# ------------------------------------------------------------------------------------ prefill
+class PrefillWorker:
+    def __init__(self, record, *, host: str = DEFAULT_HOST, bootstrap_port: Optional[int] = None,
+                 source: Optional[KVBufferSource] = None, allocator=None,
+                 geometry: Optional[KVGeometry] = None, env: Optional[DisaggEnv] = None,
+                 bootstrap_delay_s: float = 0.0):
+        name = resolve_backend_name(record.disaggregation_transfer_backend)
+        if name == "fake":
+            raise AssertionError("Prefill server does not support 'fake' as the transfer backend")
+        self.backend = name
+        classes = backend_classes(name)
+        if source is None:
+            source, allocator = build_kv_source(record, geometry)
+        self.source, self.allocator = source, allocator or PageAllocator(
+            source.contiguous_buffers()[0][1].shape[0] // source.page_size - 1)
+        self.args = kv_args_from_source(source, kv_cache_dtype=str(record.kv_cache_dtype),
+                                        ib_device=record.disaggregation_ib_device)
+        port = record.disaggregation_bootstrap_port if bootstrap_port is None else bootstrap_port
+        self.server = None
+        if classes.bootstrap_server is not None:
+            self.server = classes.bootstrap_server(host, int(port), delay_s=bootstrap_delay_s)
+            port = self.server.port
+        self.bootstrap_addr = f"{host}:{port}"
+        try:
+            self.mgr = classes.manager(self.args, "prefill", record, host=host, bootstrap_port=int(port), env=env)
+            self.mgr.register_to_bootstrap()
+        except BaseException:
+            if self.server is not None:
+                self.server.close()
+            raise
+        self.classes = classes
+        logger.info("role=prefill backend=%s bootstrap=http://%s control=tcp://%s buffers=%s",
+                    name, self.bootstrap_addr, self.mgr.endpoint, _registration(self.args))
+
+    def endpoints(self) -> Dict[str, Any]:
+        ep = {"bootstrap": f"http://{self.bootstrap_addr}", "control": f"tcp://{self.mgr.endpoint}"}
+        if hasattr(self.mgr, "mc_session"):
+            ep["mooncake_session"] = self.mgr.mc_session
+        return ep
+
+    def serve(self, rooms: Optional[Sequence[int]] = None, *, pages_per_request: Optional[int] = None,
+              max_inflight: int = 32, timeout: Optional[float] = None, stop: Optional[threading.Event] = None,
+              fill: bool = True, idle_timeout: Optional[float] = None) -> SideResult:
+        """Serve ``rooms`` (or, with ``rooms=None``, whatever decode asks for until ``stop``/idle)."""
+        reactive = rooms is None
+        if not reactive and not pages_per_request:
+            raise ValueError("pages_per_request is required when rooms are given")
+        pending = deque(rooms or [])
+        seen = set(pending)
+        inflight: Dict[int, list] = {}
+        res = SideResult("prefill", self.backend, self.endpoints(), _registration(self.args))
+        t0 = time.monotonic()
+        deadline = t0 + timeout if timeout else None
+        last_activity = t0
+        first_send = last_done = None
+        mgr = self.mgr
+        while True:
+            now = time.monotonic()
+            if reactive:
+                for room, info in list(mgr.transfer_infos.items()):
+                    if room not in seen:
+                        seen.add(room)
+                        pending.append((room, len(info.dst_pages)))
+            if not pending and not inflight:
+                if not reactive or (stop is not None and stop.is_set()):
+                    break
+                if idle_timeout is not None and now - last_activity > idle_timeout:
+                    break
+            elif stop is not None and stop.is_set() and not inflight:
+                break
+            if deadline is not None and now > deadline:
+                for room, st in inflight.items():
+                    mgr.fail(room, "prefill run deadline exceeded")
+                deadline = None  # let the loop collect them once
+            while pending and len(inflight) < max_inflight:
+                item = pending[0]
+                room, npages = item if isinstance(item, tuple) else (item, pages_per_request)
+                pages = self.allocator.alloc(npages)
+                if pages is None:
+                    break
+                pending.popleft()
+                sender = self.classes.sender(mgr, self.bootstrap_addr, room)
+                sender.init(npages)
+                if fill:
+                    fill_pages(self.args, pages, room)
+                inflight[room] = [sender, pages, False, None]
+                last_activity = time.monotonic()
+            version = mgr.status.version()
+            changed = False
+            for room in list(inflight):
+                sender, pages, sent, ts = inflight[room]
+                st = sender.poll()
+                if st == KVPoll.WaitingForInput and not sent:
+                    inflight[room][2] = True
+                    inflight[room][3] = time.monotonic()
+                    first_send = first_send or inflight[room][3]
+                    sender.send(pages)
+                    changed = True
+                elif st in TERMINAL:
+                    done = time.monotonic()
+                    last_done = done
+                    reason = None if st == KVPoll.Success else mgr.failure_reasons.get(room, "failed")
+                    res.requests.append(RequestResult(
+                        room=room, status=st.name, pages=len(pages),
+                        bytes=len(pages) * sum(self.args.kv_item_lens) if st == KVPoll.Success else 0,
+                        latency_s=(done - ts) if ts else None, reason=reason))
+                    self.allocator.free(pages)
+                    sender.clear()
+                    del inflight[room]
+                    last_activity = done
+                    changed = True
+            if not changed:
+                mgr.status.wait_for_change(version, 0.02)
+        res.wall_s = time.monotonic() - t0
+        res.transfer_s = (last_done - first_send) if (first_send and last_done) else 0.0
+        res.allocator_error = _check_allocator(self.allocator)
+        res.pages_in_use_after = getattr(self.allocator, "used", 0)
+        return res
+
+    def close(self) -> None:
+        try:
+            self.mgr.close()
+        finally:
+            if self.server is not None:
+                self.server.close()
+
+
+# ------------------------------------------------------------------------------------ decode
+class DecodeWorker:
+    def __init__(self, record, *, host: str = DEFAULT_HOST, source: Optional[KVBufferSource] = None,
+                 allocator=None, geometry: Optional[KVGeometry] = None, env: Optional[DisaggEnv] = None):
+        name = resolve_backend_name(record.disaggregation_transfer_backend)
+        self.backend = name
+        self.classes = backend_classes(name)
+        if source is None:
+            source, allocator = build_kv_source(record, geometry)
+        self.source, self.allocator = source, allocator or PageAllocator(
+            source.contiguous_buffers()[0][1].shape[0] // source.page_size - 1)
+        self.args = kv_args_from_source(source, kv_cache_dtype=str(record.kv_cache_dtype),
+                                        ib_device=record.disaggregation_ib_device)
+        self.mgr = self.classes.manager(self.args, "decode", record, host=host, env=env)
+        self.fake = name == "fake"
+        logger.info("role=decode backend=%s control=%s buffers=%s", name,
+                    "none (fake)" if self.fake else f"tcp://{self.mgr.endpoint}", _registration(self.args))
+
+    def endpoints(self) -> Dict[str, Any]:
+        if self.fake:
+            return {}
+        ep = {"control": f"tcp://{self.mgr.endpoint}"}
+        if hasattr(self.mgr, "mc_session"):
+            ep["mooncake_session"] = self.mgr.mc_session
+        return ep
+
+    def fetch(self, prefill_addr: Optional[str], rooms: Sequence[int], pages_per_request: int, *,
+              max_inflight: int = 8, timeout: Optional[float] = None, verify: bool = True,
+              bad_page_rooms: Sequence[int] = ()) -> SideResult:
+        """Receive ``rooms`` from the prefill at ``prefill_addr`` (``host:bootstrap_port``)."""
+        mgr = self.mgr
+        pending = deque(rooms)
+        inflight: Dict[int, list] = {}
+        res = SideResult("decode", self.backend, dict(self.endpoints(), prefill=prefill_addr),
+                         _registration(self.args))
+        t0 = time.monotonic()
+        deadline = t0 + timeout if timeout else None
+        first_send = last_done = None
+        bad = set(bad_page_rooms)
+        status_table = getattr(mgr, "status", None)
+        while pending or inflight:
+            if deadline is not None and time.monotonic() > deadline:
+                for room, item in inflight.items():
+                    if hasattr(mgr, "fail"):
+                        mgr.fail(room, "decode run deadline exceeded")
+                    else:
+                        item[0].abort()
+                deadline = None
+            while pending and len(inflight) < max_inflight:
+                pages = self.allocator.alloc(pages_per_request)
+                if pages is None:
+                    break
+                room = pending.popleft()
+                recv = self.classes.receiver(mgr, prefill_addr or "2.2.2.2:0", room)
+                recv.init(0)
+                ts = time.monotonic()
+                first_send = first_send or ts
+                if room in bad:  # test hook: destination pages far outside the registered buffers
+                    recv.send_metadata([p + 10_000_000 for p in pages])
+                else:
+                    recv.send_metadata(pages)
+                inflight[room] = [recv, pages, ts]
+            version = status_table.version() if status_table is not None else 0
+            changed = False
+            for room in list(inflight):
+                recv, pages, ts = inflight[room]
+                st = recv.poll()
+                if st not in TERMINAL:
+                    continue
+                done = time.monotonic()
+                last_done = done
+                ok = st == KVPoll.Success
+                verified = None
+                if ok and verify and not self.fake:
+                    verified = check_pages(self.args, pages, room)
+                reason = None
+                if not ok:
+                    reason = getattr(mgr, "failure_reasons", {}).get(room, "failed")
+                elif verified is False:
+                    reason = "received bytes differ from what prefill sent"
+                res.requests.append(RequestResult(
+                    room=room, status=st.name if verified is not False else "Failed", pages=len(pages),
+                    bytes=len(pages) * sum(self.args.kv_item_lens) if ok else 0,
+                    latency_s=done - ts, reason=reason,
+                    checksum=getattr(mgr, "checksum_results", {}).get(room), verified=verified))
+                self.allocator.free(pages)
+                recv.clear()
+                del inflight[room]
+                changed = True
+            if inflight and not changed:
+                if status_table is not None:
+                    status_table.wait_for_change(version, 0.02)
+                else:
+                    time.sleep(0.001)
+        res.wall_s = time.monotonic() - t0
+        res.transfer_s = (last_done - first_send) if (first_send and last_done) else 0.0
+        res.allocator_error = _check_allocator(self.allocator)
+        res.pages_in_use_after = getattr(self.allocator, "used", 0)
+        return res
+
+    def close(self) -> None:
+        self.mgr.close()
+
+
+# ------------------------------------------------------------------------------------ roles
+def _rooms(requests: int, room_base: int) -> List[int]:
+    return list(range(room_base, room_base + int(requests)))
+
+
+def run_prefill(record, *, requests: Optional[int], pages_per_request: Optional[int] = None,
+                host: str = DEFAULT_HOST, bootstrap_port: Optional[int] = None, room_base: int = 1,
+                geometry: Optional[KVGeometry] = None, max_inflight: int = 32, timeout: Optional[float] = None,
+                idle_timeout: Optional[float] = None, stop: Optional[threading.Event] = None,
+                ready=None) -> SideResult:
+    """Prefill role. ``requests=None`` serves whatever decode asks for until ``stop``/``idle_timeout``.
+
+    ``ready``, if given, is called with the endpoints once the bootstrap server is up.
+    """
+    w = PrefillWorker(record, host=host, bootstrap_port=bootstrap_port, geometry=geometry)
+    try:
+        if ready is not None:
+            ready(w.endpoints())
+        rooms = None if requests is None else _rooms(requests, room_base)
+        return w.serve(rooms, pages_per_request=pages_per_request, max_inflight=max_inflight,
+                       timeout=timeout, stop=stop, idle_timeout=idle_timeout)
+    finally:
+        w.close()
+
+
+def run_decode(record, *, prefill_addr: Optional[str], requests: int, pages_per_request: int,
+               host: str = DEFAULT_HOST, room_base: int = 1, geometry: Optional[KVGeometry] = None,
+               max_inflight: int = 8, timeout: Optional[float] = None, verify: bool = True) -> SideResult:
+    """Decode role: fetch ``requests`` requests of ``pages_per_request`` pages from ``prefill_addr``."""
+    w = DecodeWorker(record, host=host, geometry=geometry)
+    try:
+        return w.fetch(prefill_addr, _rooms(requests, room_base), pages_per_request,
+                       max_inflight=max_inflight, timeout=timeout, verify=verify)
+    finally:
+        w.close()
+
+
+# ------------------------------------------------------------------------------------ pair
+def free_port(host: str = DEFAULT_HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _rebuild_record(values: Dict[str, Any]):
+    from sglang_hydra.config.record import ServerArgs
+    return ServerArgs(**values)
+
+
+def _child_logging(role: str) -> None:
+    level = os.environ.get("SGLANG_HYDRA_DISAGG_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=getattr(logging, level, logging.INFO),
+                        format=f"%(asctime)s [{role}] %(name)s %(levelname)s: %(message)s")
+
+
+def _prefill_entry(values, env, kwargs, q) -> None:
+    os.environ.update(env)
+    _child_logging("prefill")
+    try:
+        record = _rebuild_record(values)
+        res = run_prefill(record, ready=lambda ep: q.put(("ready", "prefill", ep)), **kwargs)
+        q.put(("result", "prefill", res.to_dict()))
+    except BaseException as e:
+        logging.getLogger(__name__).exception("prefill failed")
+        q.put(("error", "prefill", f"{type(e).__name__}: {e}"))
+
+
+def _decode_entry(values, env, kwargs, q) -> None:
+    os.environ.update(env)
+    _child_logging("decode")
+    try:
+        record = _rebuild_record(values)
+        res = run_decode(record, **kwargs)
+        q.put(("result", "decode", res.to_dict()))
+    except BaseException as e:
+        logging.getLogger(__name__).exception("decode failed")
+        q.put(("error", "decode", f"{type(e).__name__}: {e}"))
+
+
+def _kill(proc) -> None:
+    if proc is None:
+        return
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(3)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(3)
+
+
+def summarize(backend: str, requests: int, pages_per_request: int, prefill: Optional[SideResult],
+              decode: Optional[SideResult], wall_s: float, errors: List[str]) -> PairResult:
+    reqs = decode.requests if decode else []
+    ok = [r for r in reqs if r.ok]
+    lat = [r.latency_s * 1000 for r in ok if r.latency_s is not None]
+    moved = sum(r.bytes for r in ok)
+    gbps = moved / decode.transfer_s / 1e9 if decode and decode.transfer_s > 0 and moved else None
+    checked = [r for r in reqs if r.checksum is not None]
+    failures = [(r.room, r.reason or r.status) for r in reqs if not r.ok]
+    if decode is None:
+        failures = [(-1, e) for e in errors]
+    return PairResult(backend=backend, requests=requests, pages_per_request=pages_per_request,
+                      succeeded=len(ok), failed=requests - len(ok), p50_ms=_percentile(lat, 50),
+                      p99_ms=_percentile(lat, 99), gbps=gbps, pages_moved=sum(r.pages for r in ok),
+                      bytes_moved=moved, checksum_checked=len(checked),
+                      checksum_mismatches=sum(1 for r in checked if r.checksum is False),
+                      failures=failures, prefill=prefill, decode=decode, wall_s=wall_s, errors=errors)
+
+
+def run_pair(record, *, requests: int, pages_per_request: int, timeout: float = 120.0,
+             geometry: Optional[KVGeometry] = None, verify: bool = True, max_inflight: int = 8,
+             room_base: int = 1, env: Optional[Dict[str, str]] = None, host: str = DEFAULT_HOST) -> PairResult:
+    """Run prefill and decode as two spawned processes on ``host`` with free ports."""
+    backend = resolve_backend_name(record.disaggregation_transfer_backend)
+    values = record.to_dict()
+    env = dict(env or {})
+    if backend == "mooncake" and record.disaggregation_transfer_backend == "mooncake_tcp":
+        env.setdefault("MC_FORCE_TCP", "1")
+    port = free_port(host)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    errors: List[str] = []
+    results: Dict[str, SideResult] = {}
+    pre = dec = None
+    try:
+        if backend != "fake":
+            pv = dict(values, disaggregation_mode="prefill")
+            pre = ctx.Process(target=_prefill_entry, name="pd-prefill", daemon=True, args=(
+                pv, env, dict(requests=requests, pages_per_request=pages_per_request, host=host,
+                              bootstrap_port=port, room_base=room_base, geometry=geometry,
+                              max_inflight=max(32, 2 * max_inflight),
+                              timeout=max(1.0, deadline - time.monotonic() - 2)), q))
+            pre.start()
+            while True:  # wait until the bootstrap server is up before starting decode
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("prefill did not come up before the pair timeout")
+                try:
+                    kind, role, payload = q.get(timeout=min(left, 0.5))
+                except queue_mod.Empty:
+                    if not pre.is_alive():
+                        raise RuntimeError(f"prefill process exited early (exit code {pre.exitcode})")
+                    continue
+                if kind == "ready":
+                    break
+                if kind == "error":
+                    raise RuntimeError(f"prefill failed to start: {payload}")
+        dv = dict(values, disaggregation_mode="decode")
+        dec = ctx.Process(target=_decode_entry, name="pd-decode", daemon=True, args=(
+            dv, env, dict(prefill_addr=f"{host}:{port}" if pre else None, requests=requests,
+                          pages_per_request=pages_per_request, host=host, room_base=room_base,
+                          geometry=geometry, max_inflight=max_inflight, verify=verify,
+                          timeout=max(1.0, deadline - time.monotonic() - 2)), q))
+        dec.start()
+        expected = {"decode"} | ({"prefill"} if pre else set())
+        while expected - set(results) - {e.split(":")[0] for e in errors}:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                errors.append("timeout: pair did not finish within %.1fs" % timeout)
+                break
+            try:
+                kind, role, payload = q.get(timeout=min(left, 0.5))
+            except queue_mod.Empty:
+                for name, p in (("prefill", pre), ("decode", dec)):
+                    if p is not None and not p.is_alive() and name not in results and \
+                            not any(e.startswith(name) for e in errors):
+                        try:  # the result may still be in the pipe
+                            kind, role, payload = q.get(timeout=1.0)
+                        except queue_mod.Empty:
+                            errors.append(f"{name}: process exited with code {p.exitcode} without a result")
+                            continue
+                        break
+                else:
+                    continue
+            if kind == "result":
+                results[role] = SideResult.from_dict(payload)
+            elif kind == "error":
+                errors.append(f"{role}: {payload}")
+    except (TimeoutError, RuntimeError) as e:
+        errors.append(str(e))
+    finally:
+        for p in (dec, pre):
+            if p is not None:
+                p.join(timeout=max(0.0, min(5.0, deadline + 5 - time.monotonic())))
+                _kill(p)
+        q.close()
+    res = summarize(backend, requests, pages_per_request, results.get("prefill"), results.get("decode"),
+                    time.monotonic() - t0, errors)
+    logger.info("pd pair: %s", res.summary())
+    return res

@@ -1,0 +1,36 @@
+"""KV memory built from a resolved record: device pool, page allocator, host pool, io.
+
+``build_memory(record, device=None)`` is the entry point.  Names are loaded lazily so
+that ``sglang_hydra.memory.geometry`` (and the errors module) can be imported by the
+config layer without pulling in torch.
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "build_memory": "build", "KVMemory": "build", "verify": "build", "VerifyReport": "build",
+    "make_transfer": "build",
+    "make_plan": "plan", "MemoryPlan": "plan", "BufferInfo": "plan",
+    "DeviceKVPool": "device_pool", "PageAllocator": "device_pool", "AllocatorError": "device_pool",
+    "HostKVPool": "host_pool",
+    "DirectTransfer": "transfer_direct", "TransferBackend": "transfer_direct",
+    "TritonTransfer": "transfer_triton",
+    "KVGeometry": "geometry", "kv_geometry": "geometry",
+    "MemorySetupError": "errors", "TransferIndexError": "errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'sglang_hydra.memory' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_EXPORTS))

@@ -1,0 +1,151 @@
+"""Radix tree: API behaviour, invariants under random operations, naive cross-check."""
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from sglang_hydra.cache import RadixTree, block_page_keys, chained_page_keys, make_policy
+from naive import naive_replay
+
+
+def chains_from_paths(paths):
+    """Turn lists of small branch labels into prefix-unique page keys (tuples of labels)."""
+    return [[tuple(p[: j + 1]) for j in range(len(p))] for p in paths]
+
+
+def test_match_insert_and_sizes():
+    t = RadixTree(capacity=10)
+    assert t.match_prefix([1, 2, 3]).length == 0
+    k, node = t.insert([1, 2, 3])
+    assert k == 0 and t.size == 3 and node.key == 3 and node.depth == 2
+    m = t.match_prefix([1, 2, 9])
+    assert m.length == 2 and m.last_node.key == 2
+    k, _ = t.insert([1, 2, 4, 5])
+    assert k == 2 and t.size == 5
+    assert sorted(n.key for n in t.evictable_leaves()) == [3, 5]
+    assert t.match_prefix([1, 2, 4, 5]).last_node.path_keys() == [1, 2, 4, 5]
+    t.check_invariants()
+
+
+def test_lock_ref_protects_and_accounts():
+    t = RadixTree(capacity=None)
+    _, a = t.insert([1, 2, 3])
+    _, b = t.insert([1, 2, 4])
+    assert t.inc_lock_ref(a) == -3 and t.protected_size == 3 and t.evictable_size == 1
+    assert t.inc_lock_ref(b) == -1 and t.protected_size == 4
+    assert t.evict(10) == 0
+    assert t.dec_lock_ref(b) == 1
+    assert t.evict(10) == 1          # only page 4 is an unlocked leaf
+    assert t.match_prefix([1, 2, 4]).length == 2
+    t.dec_lock_ref(a)
+    assert t.evict(10) == 3 and t.size == 0
+    with pytest.raises(RuntimeError):
+        t.dec_lock_ref(a)
+    t.check_invariants()
+
+
+def test_serve_pins_current_request():
+    t = RadixTree(capacity=2)
+    assert t.serve([1, 2, 3], clock=0) == 0
+    # the request itself is larger than the capacity: nothing of it may be evicted
+    assert t.size == 3
+    assert t.serve([7], clock=1) == 0
+    assert t.size == 2 and t.match_prefix([1, 2, 3]).length == 1
+    t.check_invariants()
+
+
+def test_leaf_only_eviction_order_lru():
+    t = RadixTree(capacity=4)
+    t.serve([1, 2], 0)
+    t.serve([1, 3], 1)
+    t.serve([1, 2], 2)       # touches 1 and 2
+    t.serve([5, 6], 3)       # 5 pages > 4: evict the LRU leaf, which is 3
+    assert t.match_prefix([1, 3]).length == 1
+    assert t.match_prefix([1, 2]).length == 2
+
+
+def test_chained_page_keys():
+    a = chained_page_keys(list(range(10)), 4)
+    b = chained_page_keys(list(range(8)) + [99, 98], 4)
+    assert len(a) == 2 and a == b                       # partial page dropped
+    c = chained_page_keys([9] + list(range(1, 8)), 4)
+    assert c[0] != a[0] and c[1] != a[1]                 # a different first page changes all
+    assert chained_page_keys([], 4) == []
+    with pytest.raises(ValueError):
+        chained_page_keys([1], 0)
+
+
+def test_block_page_keys_split_and_group():
+    assert block_page_keys([7, 8], 600, 512) == [7, 8]
+    # 512/128 = 4 sub-pages per block; last block holds 88 tokens -> 1 page
+    assert block_page_keys([7, 8], 600, 128) == [28, 29, 30, 31, 32]
+    assert block_page_keys([7, 8, 9], 1100, 1024) == [8, 9]
+    with pytest.raises(ValueError):
+        block_page_keys([1], 100, 300)
+
+
+path_st = st.lists(st.integers(0, 2), min_size=0, max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["serve", "lock", "unlock", "evict", "match"]),
+                              path_st, st.integers(0, 5)), max_size=40),
+       capacity=st.integers(0, 12),
+       policy=st.sampled_from(["lru", "lfu", "fifo", "slru", "priority", "ghost_lru"]))
+def test_invariants_under_random_operations(ops, capacity, policy):
+    t = RadixTree(capacity, make_policy(policy))
+    locks = []
+    for clock, (op, path, extra) in enumerate(ops, start=1):
+        keys = [tuple(path[: j + 1]) for j in range(len(path))]
+        if op == "serve":
+            t.serve(keys, clock, priority=extra)
+            if t.size > capacity:
+                # only possible when everything left is pinned by locks or this request
+                leaves = t.evictable_leaves()
+                assert all(n.key in set(keys) for n in leaves)
+        elif op == "lock":
+            _, node = t.insert(keys, clock)
+            t.inc_lock_ref(node)
+            locks.append(node)
+        elif op == "unlock" and locks:
+            t.dec_lock_ref(locks.pop(extra % len(locks)))
+        elif op == "evict":
+            before = t.size
+            got = t.evict(extra)
+            assert t.size == before - got
+        else:
+            t.match_prefix(keys, clock)
+        t.check_invariants()
+        cached = {n.key for n in t.iter_nodes()}
+        # prefix closure: every cached page's prefix is cached
+        for key in cached:
+            assert all(key[:j] in cached for j in range(1, len(key)))
+        # locked pages are never evicted
+        for node in locks:
+            assert node.parent is not None and node.key in cached
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "belady", "slru", "priority", "tlru"])
+def test_matches_naive_simulator(policy):
+    rng = random.Random(policy)
+    paths = []
+    for _ in range(300):
+        depth = rng.randint(1, 7)
+        paths.append([rng.choice([0, 0, 1, 2]) for _ in range(depth)])
+    chains = chains_from_paths(paths)
+    prios = [rng.randint(0, 2) for _ in chains]
+    for cap in (3, 8, 15):
+        kw = {}
+        cfg = None
+        if policy == "tlru":
+            cfg = {"threshold": 4 * 512, "next_prompt_estimate": 1 * 512}
+            kw["tlru"] = (4, 1)
+        expect = naive_replay(chains, cap, policy, priorities=prios, **kw)
+        pol = make_policy(policy, cfg, page_size=512)
+        t = RadixTree(cap, pol)
+        if pol.needs_future:
+            pol.prepare(chains)
+        got = [t.serve(c, i, prios[i] if policy == "priority" else 0)
+               for i, c in enumerate(chains)]
+        assert got == expect, (policy, cap)
+        t.check_invariants()
