@@ -407,8 +407,14 @@ def render_value(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(render_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{" + ",".join(f"{_quote(str(k))}:{render_value(x)}" for k, x in v.items()) + "}"
+        if all(isinstance(k, str) and _SAFE_KEY.match(k) for k in v):
+            return "{" + ",".join(f"{k}:{render_value(x)}" for k, x in v.items()) + "}"
+        import json  # keys the grammar cannot spell: hand over JSON text (dict fields accept it)
+        return _quote(json.dumps(v))
     raise TypeError(f"cannot express {type(v).__name__} as a Hydra override value")
+
+
+_SAFE_KEY = __import__("re").compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _quote(s: str) -> str:

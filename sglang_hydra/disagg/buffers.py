@@ -180,3 +180,53 @@ def buffers_from_memory(memory: Any) -> KVBufferSource:
 def dtype_for(kv_cache_dtype: str, fallback: str = "auto") -> torch.dtype:
     key = kv_cache_dtype if kv_cache_dtype != "auto" else fallback
     return _DTYPES.get(key, torch.bfloat16)
+
+
+class PoolAllocatorAdapter:
+    """Page-id interface (``alloc(n)`` / ``free(pages)``) over ``sglang_hydra.memory.PageAllocator``.
+
+    The memory package's allocator hands out token indices from ``alloc``; transfers work in
+    page ids, so this goes through ``alloc_pages`` / ``free_page_ids`` and adds an invariant
+    check (free and allocated pages are disjoint, unique and cover ``1..num_pages``).
+    """
+
+    def __init__(self, allocator: Any):
+        self._a = allocator
+        self._lock = threading.Lock()
+
+    def alloc(self, n: int) -> Optional[List[int]]:
+        with self._lock:
+            pages = self._a.alloc_pages(n)
+        return None if pages is None else [int(p) for p in pages.tolist()]
+
+    def free(self, pages: Sequence[int]) -> None:
+        with self._lock:
+            self._a.free_page_ids(torch.as_tensor(list(pages), dtype=torch.int64))
+
+    def available(self) -> int:
+        return self._a.available_size() // self._a.page_size
+
+    @property
+    def used(self) -> int:
+        return int(self._a.allocated_pages().numel())
+
+    def check_invariants(self) -> None:
+        with self._lock:
+            a = self._a
+            free = torch.cat((a.free_pages, a.release_pages)).tolist()
+            used = a.allocated_pages().tolist()
+        fs, us = set(free), set(used)
+        if len(fs) != len(free):
+            raise AssertionError("a page is on the free list twice")
+        if fs & us:
+            raise AssertionError(f"pages both free and allocated: {sorted(fs & us)[:8]}")
+        if fs | us != set(range(1, a.num_pages + 1)):
+            raise AssertionError("free + allocated pages do not cover 1..num_pages exactly")
+
+
+def allocator_for(memory_or_allocator: Any):
+    """Wrap the memory package's allocator if needed (anything with alloc_pages/free_page_ids)."""
+    a = getattr(memory_or_allocator, "allocator", memory_or_allocator)
+    if hasattr(a, "alloc_pages") and hasattr(a, "free_page_ids"):
+        return PoolAllocatorAdapter(a)
+    return a

@@ -30,8 +30,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .buffers import (KVBufferSource, PageAllocator, TensorKVBuffers, buffers_from_memory, dtype_for,
-                      kv_args_from_source)
+from .buffers import (KVBufferSource, PageAllocator, TensorKVBuffers, allocator_for, buffers_from_memory,
+                      dtype_for, kv_args_from_source)
 from .envs import DisaggEnv
 from .registry import backend_classes, resolve_backend_name
 from .states import TERMINAL, KVPoll
@@ -176,11 +176,8 @@ def build_kv_source(record, geometry: Optional[KVGeometry] = None) -> Tuple[KVBu
         if build_memory is not None:
             memory = build_memory(record)
             source = buffers_from_memory(memory)
-            alloc = getattr(memory, "allocator", None)
-            if alloc is None or not all(hasattr(alloc, m) for m in ("alloc", "free")):
-                rows = source.contiguous_buffers()[0][1].shape[0]
-                alloc = PageAllocator(rows // source.page_size - 1, first_page=1)
-            return source, alloc
+            source._memory = memory  # keep the pools alive as long as the source
+            return source, allocator_for(memory)
         geometry = KVGeometry.from_record(record)
     buf = geometry.build()
     return buf, buf.make_allocator()

@@ -103,7 +103,7 @@ def test_invariants_under_random_operations(ops, capacity, policy):
                 # only possible when everything left is pinned by locks or this request
                 leaves = t.evictable_leaves()
                 assert all(n.key in set(keys) for n in leaves)
-        elif op == "lock":
+        elif op == "lock" and keys:
             _, node = t.insert(keys, clock)
             t.inc_lock_ref(node)
             locks.append(node)
@@ -113,7 +113,7 @@ def test_invariants_under_random_operations(ops, capacity, policy):
             before = t.size
             got = t.evict(extra)
             assert t.size == before - got
-        else:
+        elif op == "match":
             t.match_prefix(keys, clock)
         t.check_invariants()
         cached = {n.key for n in t.iter_nodes()}

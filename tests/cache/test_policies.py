@@ -1,0 +1,158 @@
+"""Eviction order of each policy on hand-made trees; registry and config validation."""
+import pytest
+
+from sglang_hydra.cache import (
+    EvictionPolicy, Param, RadixTree, available_policies, get_policy_info, make_policy,
+    register_eviction_policy, validate_policy_config,
+)
+from sglang_hydra.config.choices import choices
+
+
+def order_of_eviction(policy, setup, cfg=None, page_size=1):
+    """Run ``setup`` (list of (keys, clock)) via serve on an unbounded tree, then evict
+    one page at a time and return the evicted keys."""
+    pol = make_policy(policy, cfg, page_size=page_size)
+    t = RadixTree(None, pol)
+    for keys, clock in setup:
+        t.serve(keys, clock)
+    evicted = []
+    while t.size:
+        before = {n.key for n in t.iter_nodes()}
+        assert t.evict(1) == 1
+        evicted.extend(before - {n.key for n in t.iter_nodes()})
+    return evicted
+
+
+SETUP = [(["a", "b"], 1), (["c"], 2), (["a", "d"], 3), (["c"], 4), (["e"], 5)]
+
+
+def test_lru_order():
+    assert order_of_eviction("lru", SETUP) == ["b", "d", "a", "c", "e"]
+
+
+def test_lfu_order():
+    # counts: a=2, b=1, c=2, d=1, e=1 -> one-hit leaves first by recency, then a/c
+    assert order_of_eviction("lfu", SETUP) == ["b", "d", "e", "a", "c"]
+
+
+def test_fifo_order():
+    # insertion: a,b@1  c@2  d@3  e@5; a becomes a leaf only after b and d go
+    assert order_of_eviction("fifo", SETUP) == ["b", "c", "d", "a", "e"]
+
+
+def test_slru_order_and_threshold():
+    assert order_of_eviction("slru", SETUP) == ["b", "d", "e", "a", "c"]
+    # threshold 3: nobody is protected -> LRU order
+    assert order_of_eviction("slru", SETUP, {"protected_threshold": 3}) == \
+        order_of_eviction("lru", SETUP)
+
+
+def test_priority_order():
+    pol = make_policy("priority")
+    t = RadixTree(None, pol)
+    t.serve(["x"], 1, priority=5)
+    t.serve(["y"], 2, priority=0)
+    t.serve(["z"], 3, priority=5)
+    t.evict(1)
+    assert {n.key for n in t.iter_nodes()} == {"x", "z"}
+    t.evict(1)
+    assert {n.key for n in t.iter_nodes()} == {"z"}
+
+
+def test_tlru_evicts_tel_safe_tail_first():
+    # chain of 6 pages (page_size 512): with threshold 4 pages and estimate 1 page the
+    # budget is hw + 1 - 4 = 3 pages, so depths >= 3 are TEL-safe.
+    cfg = {"threshold": 4 * 512, "next_prompt_estimate": 512}
+    setup = [(["p0", "p1", "p2", "p3", "p4", "p5"], 1), (["q0"], 2)]
+    order = order_of_eviction("tlru", setup, cfg, page_size=512)
+    assert order[:3] == ["p5", "p4", "p3"]
+    assert order[3] == "p2" and order[-1] == "q0" or order[3] == "p2"
+
+
+def test_belady_evicts_furthest_next_use():
+    chains = [["a"], ["b"], ["c"], ["b"], ["a"]]
+    pol = make_policy("belady")
+    t = RadixTree(2, pol)
+    pol.prepare(chains)
+    hits = [t.serve(c, i) for i, c in enumerate(chains)]
+    # at request 2 the cache must drop a (next use 4) rather than b (next use 3)
+    assert hits == [0, 0, 0, 1, 0]
+
+
+def test_ghost_lru_remembers_evicted_reuse():
+    pol = make_policy("ghost_lru", {"alpha": 100.0, "ewma": 1.0})
+    t = RadixTree(2, pol)
+    t.serve(["a"], 0)
+    t.serve(["b"], 1)
+    t.serve(["c"], 2)          # evicts a (one-hit), lifetime sample 2
+    assert "a" in pol._ghost
+    t.serve(["a"], 3)          # re-inserted from the ghost -> proven (count 2)
+    node = t.root.children["a"]
+    assert node.hit_count == 2
+    t.serve(["d"], 4)          # b or c must go, not the proven a
+    t.serve(["e"], 5)
+    assert "a" in t.root.children
+
+
+def test_registry_contents_and_choices():
+    names = available_policies()
+    for n in ("lru", "lfu", "fifo", "slru", "priority", "tlru", "belady", "ghost_lru"):
+        assert n in names
+    assert "belady" not in available_policies(include_replay_only=False)
+    assert get_policy_info("belady").replay_only
+    cfg_choices = choices("RADIX_EVICTION_POLICY")
+    assert "ghost_lru" in cfg_choices
+    assert "belady" not in cfg_choices and "fifo" not in cfg_choices
+
+
+def test_register_plugin_extends_config_choices():
+    class MRU(EvictionPolicy):
+        name = "test_mru"
+
+        def key(self, node):
+            return -node.last_access
+
+    register_eviction_policy("test_mru", MRU)
+    assert "test_mru" in choices("RADIX_EVICTION_POLICY")
+    assert order_of_eviction("test_mru", [(["a"], 1), (["b"], 2)]) == ["b", "a"]
+    with pytest.raises(ValueError):
+        register_eviction_policy("lru", MRU)
+    with pytest.raises(TypeError):
+        register_eviction_policy("x_bad", object)
+
+    from sglang_hydra.config.testing import make_record
+
+    rec = make_record(radix_eviction_policy="test_mru")
+    assert rec.radix_eviction_policy == "test_mru"
+
+
+def test_validate_policy_config_messages():
+    assert validate_policy_config("lru", None) == []
+    assert validate_policy_config("slru", {"protected_threshold": 3}) == []
+    errs = validate_policy_config("slru", {"foo": 1})
+    assert len(errs) == 1 and "'foo'" in errs[0] and "'slru'" in errs[0]
+    errs = validate_policy_config("lru", {"foo": 1})
+    assert "'foo'" in errs[0] and "'lru'" in errs[0] and "no parameters" in errs[0]
+    errs = validate_policy_config("slru", {"protected_threshold": "x"})
+    assert "'protected_threshold'" in errs[0] and ">= 1" in errs[0]
+    errs = validate_policy_config("slru", {"protected_threshold": True})
+    assert errs
+    errs = validate_policy_config("tlru", {"threshold": 100, "next_prompt_estimate": 200})
+    assert "greater than" in errs[0]
+    assert validate_policy_config("tlru", None)       # 0 <= 0, as the reference engine
+    errs = validate_policy_config("tlru", {"threshold": -1})
+    assert "'threshold'" in errs[0] and ">= 0" in errs[0]
+    assert validate_policy_config("tlru", {"threshold": 8192, "next_prompt_estimate": 512}) == []
+    assert "unknown eviction policy" in validate_policy_config("nope", None)[0]
+    assert "mapping" in validate_policy_config("lru", [1])[0]
+    assert validate_policy_config("ghost_lru", {"alpha": 2, "ghost_factor": 0}) == []
+    assert validate_policy_config("ghost_lru", {"ewma": 0})
+    with pytest.raises(ValueError, match="'foo'"):
+        make_policy("slru", {"foo": 1})
+
+
+def test_params_declared():
+    for name in available_policies():
+        cls = get_policy_info(name).cls
+        for pname, spec in cls.PARAMS.items():
+            assert isinstance(spec, Param) and spec.accepts(spec.default) or name == "tlru"
