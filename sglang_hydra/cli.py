@@ -34,10 +34,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as err:  # pragma: no cover - build_command collects instead of raising
         _print_problems(err)
         return EXIT_CONFIG
-    if cmd.problems:
-        _print_problems(ConfigError(cmd.problems))
-        return EXIT_CONFIG
     if hydra_flags or cmd.sweep or cmd.hydra_only:
+        if cmd.problems:
+            _print_problems(ConfigError(cmd.problems))
+            return EXIT_CONFIG
         return _hydra_main(cmd, hydra_flags)
     return _direct(cmd)
 
@@ -50,8 +50,9 @@ def _direct(cmd) -> int:
 
     _setup_logging()
     try:
-        composed = compose_with_hydra(cmd) if needs_hydra(cmd) else compose_values(cmd)
-        record = resolve(composed.values, explicit=composed.explicit)
+        composed = compose_with_hydra(cmd) if needs_hydra(cmd) and not cmd.problems else \
+            compose_values(cmd, raise_problems=False)
+        record = resolve(composed.values, explicit=composed.explicit, prior=composed.problems)
         run_job(composed.job_name, record, composed.job, JobContext())
     except ConfigError as err:
         _print_problems(err)

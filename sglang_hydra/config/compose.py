@@ -283,10 +283,14 @@ class Composed:
     explicit: frozenset             # fields the user set (CLI, --config, chosen presets)
     job_name: str
     job: Dict[str, Any]             # the selected job's settings
+    problems: List[Problem] = field(default_factory=list)  # found while composing (raise=False)
 
 
-def compose_values(cmd: Command) -> Composed:
-    """The direct composer: presets + settings, typed and checked, no OmegaConf trees."""
+def compose_values(cmd: Command, *, raise_problems: bool = True) -> Composed:
+    """The direct composer: presets + settings, typed and checked, no OmegaConf trees.
+
+    With ``raise_problems=False`` bad values keep their defaults and the problems travel in
+    the result, so resolution can add its own and the user sees all of them at once."""
     problems = list(cmd.problems)
     values = {n: fi.default_value() for n, fi in FIELDS.items()}
     explicit = set()
@@ -328,9 +332,9 @@ def compose_values(cmd: Command) -> Composed:
         values[s.name] = v
         explicit.add(s.name)
     job = _job_values(job_name, cmd.job_settings, problems)
-    if problems:
+    if problems and raise_problems:
         raise ConfigError(problems)
-    return Composed(values, frozenset(explicit), job_name, job)
+    return Composed(values, frozenset(explicit), job_name, job, problems)
 
 
 def _job_values(job_name: str, job_settings, problems: List[Problem]) -> Dict[str, Any]:
@@ -542,10 +546,9 @@ def compose(overrides: Sequence[str] = (), argv: Sequence[str] = (), config_file
     cmd, hydra_flags = build_command(overrides, argv, config_file)
     if hydra_flags:
         cmd.problems.append(Problem("", hydra_flags[0], f"Hydra flag {hydra_flags[0]} is only meaningful on the command line"))
-    if cmd.problems:
-        raise ConfigError(cmd.problems)
-    composed = compose_with_hydra(cmd) if needs_hydra(cmd) else compose_values(cmd)
-    return resolve(composed.values, explicit=composed.explicit, env=env), composed
+    composed = compose_with_hydra(cmd) if needs_hydra(cmd) and not cmd.problems else \
+        compose_values(cmd, raise_problems=False)
+    return resolve(composed.values, explicit=composed.explicit, env=env, prior=composed.problems), composed
 
 
 def compose_record(overrides: Sequence[str] = (), argv: Sequence[str] = (), config_file: Optional[str] = None) -> ServerArgs:

@@ -264,7 +264,7 @@ def to_argv(values: Dict[str, Any], defaults: Dict[str, Any]) -> List[str]:
     out: List[str] = []
     for fi in cli_fields():
         v = values.get(fi.name)
-        if v == defaults.get(fi.name):
+        if v == defaults.get(fi.name) and fi.name != "model_path":  # the reference requires --model-path
             continue
         flag = primary_flag(fi.name, fi.arg)
         tp, _ = base_type(fi)

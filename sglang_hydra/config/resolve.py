@@ -109,7 +109,7 @@ def _load_rules() -> None:
 
 
 def resolve(values: Dict[str, Any], *, explicit: frozenset = frozenset(), env: Optional[Mapping[str, str]] = None,
-            host: Optional[Dict[str, Any]] = None) -> ServerArgs:
+            host: Optional[Dict[str, Any]] = None, prior: Optional[List[Problem]] = None) -> ServerArgs:
     """Run every rule in order; raise one ConfigError with all problems, else freeze the record."""
     _load_rules()
     st = Resolving(values, explicit, os.environ if env is None else env, host)
@@ -118,8 +118,8 @@ def resolve(values: Dict[str, Any], *, explicit: frozenset = frozenset(), env: O
     for r in RULES:
         object.__setattr__(st, "current_rule", r.rule_id)
         r.fn(st)
-    if st.problems:
-        raise ConfigError(_dedupe(st.problems))
+    if st.problems or prior:
+        raise ConfigError(_dedupe(list(prior or []) + st.problems))
     for level, text in st.notes:
         log.log(level, text)
     return finalize(st.values, raw=st.raw, explicit=explicit, log=tuple(st.log))

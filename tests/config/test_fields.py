@@ -91,7 +91,7 @@ def test_flag_surface(name, default, flags, store_true, choices):
     assert a.default == default
     assert (a.nargs == 0) is store_true
     if choices is not None:
-        assert list(a.choices) == choices
+        assert list(a.choices)[:len(choices)] == choices  # plugins may append
 
 
 def test_transfer_backend_choices_start_with_reference():

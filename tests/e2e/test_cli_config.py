@@ -1,0 +1,111 @@
+"""The real command line, in subprocesses."""
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args, cwd=None, timeout=120, env=None):
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "sglang_hydra", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=e)
+
+
+def test_resolve_formats(tmp_path):
+    r = run("--enable-hierarchical-cache", "--hicache-ratio", "3", "--disaggregation-mode", "prefill",
+            "job=resolve", "job.format=json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)
+    assert rec["hicache_ratio"] == 3.0 and rec["disaggregation_mode"] == "prefill"
+    assert list(rec)[:3] == ["model_path", "radix_eviction_policy", "radix_eviction_policy_config"]
+    r = run("memory=hicache", "memory.hicache_ratio=3", "job=resolve", "job.format=argv", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["--model-path", "tiny", "--enable-hierarchical-cache", "--hicache-ratio", "3.0"]
+    r = run("job=resolve", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("model_path: tiny\n")
+    assert not (tmp_path / "outputs").exists()  # a plain resolve writes nothing
+
+
+def test_argv_round_trips_through_the_legacy_parser(tmp_path):
+    r = run("--enable-hicache", "--radix-eviction-policy", "tlru",
+            "--radix-eviction-policy-config", '{"threshold": 100, "next_prompt_estimate": 10}',
+            "--encoder-urls", "http://a", "http://b", "job.format=argv", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    import shlex
+    from sglang_hydra import compose_record
+    again = compose_record(argv=shlex.split(r.stdout))
+    assert again.radix_eviction_policy_config == {"threshold": 100, "next_prompt_estimate": 10}
+    assert again.encoder_urls == ["http://a", "http://b"] and again.enable_hierarchical_cache
+
+
+def test_bad_input_exits_2_with_every_problem_and_no_traceback(tmp_path):
+    out = tmp_path / "rec.yaml"
+    r = run("--hicache-ratio", "abc", "memory.nope=1", "--radix-eviction-policy", "fifo", "disagg=prefil",
+            f"job.output={out}", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    for text in ("memory.hicache_ratio (--hicache-ratio)", "invalid choice: 'fifo'", "memory.nope"):
+        assert text in r.stderr
+    assert "4 configuration problems" in r.stderr
+    assert not out.exists()
+    r = run("--enable-hicache", "--disable-radix-cache", "--hicache-host-memory-fraction", "2", cwd=tmp_path)
+    assert r.returncode == 2 and "memory.enable_hierarchical_cache" in r.stderr
+    assert "memory.hicache_host_memory_fraction" in r.stderr  # rule problems are reported together too
+
+
+def test_multirun_writes_one_output_per_job(tmp_path):
+    r = run("-m", "memory.radix_eviction_policy=lru,slru", "--hicache-ratio", "3", "job=resolve",
+            f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path, timeout=180)
+    assert r.returncode == 0, r.stderr
+    outs = sorted((tmp_path / "sweep").glob("*/record.yaml"))
+    assert len(outs) == 2
+    import yaml
+    pols = [yaml.safe_load(p.read_text())["radix_eviction_policy"] for p in outs]
+    assert pols == ["lru", "slru"]
+    assert all(yaml.safe_load(p.read_text())["hicache_ratio"] == 3.0 for p in outs)
+
+
+def test_hydra_flags(tmp_path):
+    r = run("--cfg", "job", "memory=hicache", "--hicache-ratio", "5", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "hicache_ratio: 5.0" in r.stdout and "enable_hierarchical_cache: true" in r.stdout
+    r = run("--help", cwd=tmp_path)
+    assert r.returncode == 0
+    assert "memory.hicache_ratio=None  [--hicache-ratio]" in r.stdout
+    assert "disagg.disaggregation_mode='null'  [--disaggregation-mode]" in r.stdout
+    r = run("--info", "defaults", cwd=tmp_path)
+    assert r.returncode == 0 and "memory/default" in r.stdout
+
+
+@pytest.mark.slow
+def test_wheel_ships_conf_and_runs_elsewhere(tmp_path):
+    """Build the wheel, install it into a fresh venv (dependencies borrowed read-only) and run it."""
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)],
+                   check=True, capture_output=True, timeout=300)
+    (wheel,) = dist.glob("sglang_hydra-*.whl")
+    import zipfile
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "sglang_hydra/conf/config.yaml" in names and "sglang_hydra/conf/memory/hicache.yaml" in names
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False, system_site_packages=False).create(env_dir)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    import sysconfig
+    deps = sysconfig.get_paths()["purelib"]
+    py = env_dir / "bin" / "python"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = ("import sys; sys.path[:0] = [%r, %r]; import sglang_hydra, sglang_hydra.cli as c; "
+            "assert sglang_hydra.__file__.startswith(%r), sglang_hydra.__file__; sys.exit(c.main(['job=resolve', 'memory=hicache']))"
+            % (str(target), deps, str(target)))
+    r = subprocess.run([str(py), "-c", code], cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "enable_hierarchical_cache: true" in r.stdout
