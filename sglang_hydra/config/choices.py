@@ -46,3 +46,7 @@ def add_disagg_transfer_backend_choices(*names: str) -> None:
 def add_hicache_storage_backend_choices(*names: str) -> None:
     """Make new storage-backend names legal for ``memory.hicache_storage_backend``."""
     _extend("HICACHE_STORAGE_BACKEND", names)
+
+
+# sglang-hydra's own transfer backend: pure-Python ZMQ, for machines without Mooncake.
+add_disagg_transfer_backend_choices("zmq")

@@ -27,9 +27,5 @@ def run(record, job: dict, ctx: JobContext) -> dict:
     if job.get("output"):
         atomic_write(job["output"], text)
     if ctx.multirun:
-        ctx.write_text(f"record.{ 'json' if job.get('format') == 'json' else 'yaml'}", render(record, "json" if job.get("format") == "json" else "yaml"))
-    return {"fields": len(values_of(record))}
-
-
-def values_of(record):
-    return record.to_dict()
+        ctx.write_text("record.yaml", render(record, "yaml"))
+    return {}

@@ -18,6 +18,61 @@ class ResolveJob:
     output: Optional[str] = None  # also write it to this file (atomically)
 
 
+@dataclass
+class SetupJob:
+    """Plan, allocate and (optionally) verify the KV memory the record describes."""
+
+    name: str = "setup"
+    format: str = "table"   # table | json
+    verify: bool = False
+    rounds: int = 4
+    progress: bool = True
+
+
+@dataclass
+class ReplayJob:
+    """Replay a request trace through the prefix cache the record configures."""
+
+    name: str = "replay"
+    trace: Optional[str] = None          # Mooncake JSONL; unset: the bundled sample
+    workload: str = "trace"              # trace | synthetic
+    max_requests: Optional[int] = None
+    mode: str = "metadata"
+    policy: Optional[str] = None         # replay-only policies (belady, fifo) override the record's
+    tail_threshold_tokens: int = 4096
+    prefill_us_per_token: float = 50.0
+    on_bad_line: str = "fail"            # fail | skip
+    format: str = "table"                # table | json
+    progress: bool = True
+    seed: int = 0                        # synthetic workload
+    conversations: int = 200
+    turns: int = 6
+
+
+@dataclass
+class PdJob:
+    """One side of a prefill/decode pair (role from disagg.disaggregation_mode)."""
+
+    name: str = "pd"
+    prefill: Optional[str] = None        # decode side: host:port of the prefill bootstrap server
+    requests: Optional[int] = None       # prefill: None serves until idle; decode: how many to fetch
+    pages_per_request: int = 8
+    timeout: float = 120.0
+    idle_timeout: float = 30.0
+
+
+@dataclass
+class PdPairJob:
+    """Both PD sides as separate processes on 127.0.0.1, with latency and throughput."""
+
+    name: str = "pd_pair"
+    requests: int = 200
+    pages_per_request: int = 8
+    timeout: float = 120.0
+    verify: bool = True
+    format: str = "table"                # table | json
+
+
 @dataclass(frozen=True)
 class JobSpec:
     config_cls: type
@@ -27,4 +82,10 @@ class JobSpec:
 
 JOB_SPECS: Dict[str, JobSpec] = {
     "resolve": JobSpec(ResolveJob, "sglang_hydra.jobs.resolve:run", {"format": ("yaml", "json", "argv")}),
+    "setup": JobSpec(SetupJob, "sglang_hydra.jobs.setup:run", {"format": ("table", "json")}),
+    "replay": JobSpec(ReplayJob, "sglang_hydra.jobs.replay:run", {
+        "format": ("table", "json"), "on_bad_line": ("fail", "skip"), "workload": ("trace", "synthetic"),
+        "mode": ("metadata", "full")}),
+    "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd:run_side"),
+    "pd_pair": JobSpec(PdPairJob, "sglang_hydra.jobs.pd:run_pair", {"format": ("table", "json")}),
 }
