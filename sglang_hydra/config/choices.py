@@ -19,8 +19,15 @@ _REGISTRY: Dict[str, List[str]] = {
 }
 
 
+_BUILTIN_PROVIDERS = {"RADIX_EVICTION_POLICY": "sglang_hydra.cache.policies"}
+
+
 def choices(name: str) -> List[str]:
-    """The current list registered under ``name``."""
+    """The current list registered under ``name`` (after the built-in provider registered its names)."""
+    provider = _BUILTIN_PROVIDERS.pop(name, None)
+    if provider is not None:  # pure Python, registers e.g. ghost_lru; never torch
+        import importlib
+        importlib.import_module(provider)
     return _REGISTRY[name]
 
 
