@@ -35,7 +35,7 @@ def test_resolve_formats(tmp_path):
 def test_argv_round_trips_through_the_legacy_parser(tmp_path):
     r = run("--enable-hicache", "--radix-eviction-policy", "tlru",
             "--radix-eviction-policy-config", '{"threshold": 100, "next_prompt_estimate": 10}',
-            "--encoder-urls", "http://a", "http://b", "job.format=argv", cwd=tmp_path)
+            "--encoder-urls", "http://a", "http://b", "job=resolve", "job.format=argv", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     import shlex
     from sglang_hydra import compose_record
@@ -47,14 +47,14 @@ def test_argv_round_trips_through_the_legacy_parser(tmp_path):
 def test_bad_input_exits_2_with_every_problem_and_no_traceback(tmp_path):
     out = tmp_path / "rec.yaml"
     r = run("--hicache-ratio", "abc", "memory.nope=1", "--radix-eviction-policy", "fifo", "disagg=prefil",
-            f"job.output={out}", cwd=tmp_path)
+            "job=resolve", f"job.output={out}", cwd=tmp_path)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     for text in ("memory.hicache_ratio (--hicache-ratio)", "invalid choice: 'fifo'", "memory.nope"):
         assert text in r.stderr
     assert "4 configuration problems" in r.stderr
     assert not out.exists()
-    r = run("--enable-hicache", "--disable-radix-cache", "--hicache-host-memory-fraction", "2", cwd=tmp_path)
+    r = run("--enable-hicache", "--disable-radix-cache", "--hicache-host-memory-fraction", "2", "job=resolve", cwd=tmp_path)
     assert r.returncode == 2 and "memory.enable_hierarchical_cache" in r.stderr
     assert "memory.hicache_host_memory_fraction" in r.stderr  # rule problems are reported together too
 
