@@ -1,22 +1,28 @@
-"""A page-granular radix (prefix) tree for KV-cache simulation.
+"""A radix (prefix) tree of weighted page runs for KV-cache simulation.
 
-Every node stands for exactly one page of a prompt.  A page is identified by a *page key*
-that already names the whole prefix up to and including that page: either a hash id taken
-from a trace (Mooncake traces guarantee that an id always has the same parent) or the
-chained hash produced by :func:`chained_page_keys`.  Children are looked up in a plain
-dict per node, so matching a prompt costs one dict probe per page and there are no
-per-token objects anywhere.
+A prompt is a sequence of *units*, each named by a key that already names the whole
+prefix up to and including that unit: a hash id taken from a trace (Mooncake traces
+guarantee that an id always has the same parent) or the chained hash produced by
+:func:`chained_page_keys`.  With the plain API a unit is one page; with ``weights=`` a unit
+(e.g. one 512-token trace block at page size 16) holds several pages and is stored as one
+node whose *weight* is its page count, like the reference engine's radix cache, which
+keeps a token segment per node.  A match that ends inside a node splits it.  Children
+are looked up in a plain dict per node, so matching a prompt costs one dict probe per
+node and there are no per-page objects.
 
 Eviction follows the reference engine: only *leaves* (cached nodes without cached
-children) are removed, nodes with a positive ``lock_ref`` are never removed, and the leaf
-with the smallest policy key goes first.  Candidate leaves live in a binary heap with lazy
+children) are removed, always whole (all of a node's pages at once), nodes with a
+positive ``lock_ref`` are never removed, and the leaf with the smallest policy key goes
+first; leaves are evicted until the requested number of pages is freed.  Candidate leaves live in a binary heap with lazy
 invalidation: an entry is ``(key, seq, node)`` and is only honoured when ``seq`` is still
 the node's latest push and the node is still a cached, childless leaf.  A leaf is pushed
 when it appears (insertion, or its last child was evicted) and again whenever a request
 touches it, so the heap always holds one current entry per evictable leaf.
 
-Capacity is counted in pages.  ``size`` never exceeds ``capacity`` after :meth:`serve`
-returns unless every cached page is locked.
+Capacity, ``size``, lock accounting and hit lengths are counted in pages.  ``size`` never
+exceeds ``capacity`` after :meth:`serve` returns unless every evictable leaf is pinned.
+With one page per unit (e.g. page size 512 on a trace) this is exactly the page-granular
+tree of ``replay_rules.md``.
 """
 from __future__ import annotations
 
@@ -29,23 +35,34 @@ __all__ = [
     "MatchResult",
     "chained_page_keys",
     "block_page_keys",
+    "block_page_weights",
 ]
 
 
 class TreeNode:
-    """One cached page.
+    """One cached run of pages (a *segment*).
+
+    A node covers pages ``lo .. lo + weight - 1`` of the *unit* named by ``key``.  With the
+    plain page-key API every unit is one page (``weight == 1``, ``lo == 0``).  With the
+    weighted API (``weights=``) a unit is e.g. one 512-token trace block holding several
+    pages, stored as one node; when a match ends inside a node the node is split, so a
+    unit may be spread over a short chain of nodes with the same ``key`` (the lower one is
+    the continuation of the upper one and is stored under the same key in its
+    ``children``).
 
     ``parent`` is ``None`` once the node has been evicted (the root's parent is also
-    ``None``; the root is never evicted).  ``depth`` is the 0-based page position in the
-    prompt.  ``aux`` belongs to the eviction policy (e.g. Belady's next use).
+    ``None``; the root is never evicted).  ``depth`` is the 0-based position of the node's
+    *deepest* page in the prompt (``depth - weight + 1`` pages are cached before it);
+    ``uidx`` is the 0-based position of its unit in the request.  ``aux`` belongs to the
+    eviction policy (e.g. Belady's next use).
     """
 
     __slots__ = (
         "key", "parent", "children", "depth", "lock_ref", "last_access", "hit_count",
-        "insert_time", "priority", "hw", "aux", "hseq",
+        "insert_time", "priority", "hw", "aux", "hseq", "weight", "lo", "uidx",
     )
 
-    def __init__(self, key, parent, depth, clock):
+    def __init__(self, key, parent, depth, clock, weight=1, lo=0, uidx=0):
         self.key = key
         self.parent = parent
         self.children = {}
@@ -58,6 +75,9 @@ class TreeNode:
         self.hw = 0
         self.aux = None
         self.hseq = 0
+        self.weight = weight
+        self.lo = lo
+        self.uidx = uidx
 
     @property
     def is_leaf(self) -> bool:
@@ -67,8 +87,13 @@ class TreeNode:
     def cached(self) -> bool:
         return self.parent is not None
 
+    @property
+    def hi(self) -> int:
+        """Offset, within its unit, just past the node's last page."""
+        return self.lo + self.weight
+
     def path_keys(self) -> List[Hashable]:
-        """Keys from the root's first child down to this node."""
+        """Keys of the nodes from the root's first child down to this node."""
         out = []
         node = self
         while node.parent is not None:
@@ -78,7 +103,8 @@ class TreeNode:
         return out
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
-        return (f"TreeNode(key={self.key!r}, depth={self.depth}, lock_ref={self.lock_ref}, "
+        return (f"TreeNode(key={self.key!r}, lo={self.lo}, weight={self.weight}, "
+                f"depth={self.depth}, lock_ref={self.lock_ref}, "
                 f"last_access={self.last_access}, hit_count={self.hit_count})")
 
 
@@ -99,8 +125,26 @@ class MatchResult(Tuple[int, TreeNode]):
         return self[1]
 
 
+def _check_weights(keys, weights):
+    if weights is None:
+        return None
+    if len(weights) != len(keys):
+        raise ValueError(f"{len(keys)} keys but {len(weights)} weights")
+    for w in weights:
+        if w < 1:
+            raise ValueError(f"unit weights must be >= 1 page, got {w}")
+    return weights
+
+
 class RadixTree:
-    """Prefix tree of pages with lock references and policy-driven leaf eviction.
+    """Prefix tree of page runs with lock references and policy-driven leaf eviction.
+
+    Every method takes the prompt as a sequence of *unit keys*.  Without ``weights`` each
+    key is one page.  With ``weights`` (one positive int per key) unit ``j`` holds
+    ``weights[j]`` pages and is stored as one node of that weight; two occurrences of a
+    key may have different weights (a trace request's last, partial block), and they share
+    their first ``min`` pages.  Keys must name the whole prefix up to and including their
+    unit (trace hash ids and :func:`chained_page_keys` do), so a key never follows itself.
 
     Parameters
     ----------
@@ -111,6 +155,8 @@ class RadixTree:
     """
 
     def __init__(self, capacity: Optional[int] = None, policy=None):
+        from .policies import BeladyPolicy
+
         if policy is None:
             from .policies import make_policy
 
@@ -122,17 +168,25 @@ class RadixTree:
         self.root = TreeNode(None, None, -1, 0)
         self.root.lock_ref = 1
         self.size = 0              # cached pages (root excluded)
-        self.protected_size = 0    # cached pages with lock_ref > 0
-        self.evictions = 0
+        self.protected_size = 0    # cached pages in nodes with lock_ref > 0
+        self.evictions = 0         # pages evicted
+        self.evicted_nodes = 0
         self._heap: list = []
         self._seq = 0
         self._clock = 0
+        # Belady's own on_touch assumes one node per page; the tree stamps next uses per
+        # node from the policy's per-unit table instead (identical for weight-1 nodes).
+        self._belady = isinstance(policy, BeladyPolicy)
         policy.bind(self)
 
     # ------------------------------------------------------------------ helpers
     @property
     def evictable_size(self) -> int:
         return self.size - self.protected_size
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(1 for _ in self.iter_nodes())
 
     def _tick(self, clock):
         if clock is None:
@@ -146,78 +200,149 @@ class RadixTree:
         node.hseq = self._seq
         heappush(self._heap, (self.policy.key(node), self._seq, node))
 
-    # ------------------------------------------------------------- public API
-    def match_prefix(self, page_keys: Sequence[Hashable], clock=None) -> MatchResult:
-        """Longest cached prefix of ``page_keys``; touches the matched pages.
+    def _split(self, child: TreeNode, m: int) -> TreeNode:
+        """Split ``child`` after its first ``m`` pages; returns the new upper node.
 
-        Matched pages get ``last_access = clock`` and ``hit_count += 1``.  Nothing is
-        inserted or evicted.
+        The upper node inherits every statistic and the lock count (a lock on ``child``
+        or below also covers its new ancestor); ``child`` keeps its heap entry.
         """
-        clock = self._tick(clock)
+        parent = child.parent
+        key = child.key
+        up = TreeNode(key, parent, child.depth - (child.weight - m), child.last_access,
+                      m, child.lo, child.uidx)
+        up.hit_count = child.hit_count
+        up.insert_time = child.insert_time
+        up.priority = child.priority
+        up.hw = child.hw
+        up.aux = child.aux
+        up.lock_ref = child.lock_ref
+        parent.children[key] = up
+        up.children[key] = child
+        child.parent = up
+        child.lo += m
+        child.weight -= m
+        return up
+
+    def _walk(self, keys, weights, clock, touch):
+        """Follow the cached prefix; returns ``(pages, last node, unit, offset)`` where
+        ``(unit, offset)`` is the first page that is not cached."""
         node = self.root
-        children = node.children
         k = 0
-        for key in page_keys:
-            child = children.get(key)
-            if child is None:
+        n = len(keys)
+        if weights is None:
+            u = 0
+            children = node.children
+            for key in keys:
+                child = children.get(key)
+                if child is None or child.lo:
+                    break
+                if child.weight != 1:
+                    child = self._split(child, 1)
+                if touch:
+                    child.last_access = clock
+                    child.hit_count += 1
+                node = child
+                children = child.children
+                u += 1
+            return u, node, u, 0
+        u = 0
+        lo = 0
+        while u < n:
+            key = keys[u]
+            w = weights[u]
+            child = node.children.get(key)
+            if child is None or child.lo != lo:
                 break
-            child.last_access = clock
-            child.hit_count += 1
+            if child.lo + child.weight > w:
+                child = self._split(child, w - lo)
+            if touch:
+                child.last_access = clock
+                child.hit_count += 1
+            k += child.weight
             node = child
-            children = child.children
-            k += 1
+            lo += child.weight
+            if lo >= w:
+                u += 1
+                lo = 0
+        return k, node, u, lo
+
+    def _grow(self, node, keys, weights, u, lo, clock, priority):
+        policy_insert = self.policy.on_insert if self.policy.wants_insert_hook else None
+        depth = node.depth
+        added = 0
+        n = len(keys)
+        while u < n:
+            key = keys[u]
+            wt = (1 if weights is None else weights[u]) - lo
+            depth += wt
+            child = TreeNode(key, node, depth, clock, wt, lo, u)
+            if priority:
+                child.priority = priority
+            node.children[key] = child
+            if policy_insert is not None:
+                policy_insert(child)
+            added += wt
+            node = child
+            u += 1
+            lo = 0
+        self.size += added
+        return node
+
+    def _touch(self, keys, k, clock, node):
+        if self._belady:
+            nu = self.policy._next[clock]
+            root = self.root
+            while node is not root:
+                node.aux = nu[node.uidx]
+                node = node.parent
+        else:
+            self.policy.on_touch(keys, k, clock, node)
+
+    # ------------------------------------------------------------- public API
+    def match_prefix(self, page_keys: Sequence[Hashable], clock=None,
+                     weights: Optional[Sequence[int]] = None) -> MatchResult:
+        """Longest cached prefix of ``page_keys``; touches the matched nodes.
+
+        Matched nodes get ``last_access = clock`` and ``hit_count += 1``; a node in which
+        the match ends is split first, so only the matched pages are touched.  Nothing is
+        inserted or evicted.  The length is in pages.
+        """
+        weights = _check_weights(page_keys, weights)
+        clock = self._tick(clock)
+        k, node, _, _ = self._walk(page_keys, weights, clock, True)
         if k:
             if self.policy.wants_touch:
-                self.policy.on_touch(page_keys[:k], k, clock, node)
-            if not children:
+                self._touch(page_keys, k, clock, node)
+            if not node.children:
                 self._push(node)
         return MatchResult(k, node)
 
-    def insert(self, page_keys: Sequence[Hashable], clock=None, priority: int = 0) -> MatchResult:
+    def insert(self, page_keys: Sequence[Hashable], clock=None, priority: int = 0,
+               weights: Optional[Sequence[int]] = None) -> MatchResult:
         """Insert ``page_keys``; returns ``(pages that were already cached, last node)``.
 
-        Existing pages on the path are not touched by ``insert`` (call
-        :meth:`match_prefix` first for hit accounting).  New pages get
+        Existing nodes on the path are not touched by ``insert`` (call
+        :meth:`match_prefix` first for hit accounting), but may be split so that the
+        returned node ends exactly at the prompt's end.  New nodes (one per unit) get
         ``insert_time = last_access = clock`` and ``hit_count = 1``.  Insertion may leave
         the tree above capacity; call :meth:`evict` (or use :meth:`serve`).
         """
+        weights = _check_weights(page_keys, weights)
         clock = self._tick(clock)
-        node = self.root
-        k = 0
-        n = len(page_keys)
-        while k < n:
-            child = node.children.get(page_keys[k])
-            if child is None:
-                break
-            if priority > child.priority:
-                child.priority = priority
-            node = child
-            k += 1
-        if k < n:
-            node = self._grow(node, page_keys, k, clock, priority)
+        k, node, u, lo = self._walk(page_keys, weights, clock, False)
+        if priority:
+            self._raise_priority(node, priority)
+        if u < len(page_keys):
+            node = self._grow(node, page_keys, weights, u, lo, clock, priority)
             self._push(node)
         return MatchResult(k, node)
-
-    def _grow(self, node, page_keys, start, clock, priority):
-        policy_insert = self.policy.on_insert
-        depth = node.depth
-        for j in range(start, len(page_keys)):
-            depth += 1
-            child = TreeNode(page_keys[j], node, depth, clock)
-            if priority:
-                child.priority = priority
-            node.children[child.key] = child
-            policy_insert(child)
-            node = child
-        self.size += len(page_keys) - start
-        return node
 
     def inc_lock_ref(self, node: TreeNode) -> int:
         """Protect ``node`` and its ancestors; returns the change in evictable pages."""
         delta = 0
         while node is not self.root and node is not None:
             if node.lock_ref == 0:
-                delta -= 1
+                delta -= node.weight
             node.lock_ref += 1
             node = node.parent
         self.protected_size -= delta
@@ -231,7 +356,7 @@ class RadixTree:
                 raise RuntimeError(f"dec_lock_ref on an unlocked node {node.key!r}")
             node.lock_ref -= 1
             if node.lock_ref == 0:
-                delta += 1
+                delta += node.weight
                 if not node.children and node.parent is not None:
                     self._push(node)
             node = node.parent
@@ -239,7 +364,8 @@ class RadixTree:
         return delta
 
     def evict(self, num_pages: int) -> int:
-        """Evict at least ``num_pages`` pages if possible; returns pages evicted."""
+        """Evict whole unlocked leaves until at least ``num_pages`` pages are freed (or
+        nothing is evictable); returns the pages evicted (may exceed ``num_pages``)."""
         if num_pages <= 0:
             return 0
         heap = self._heap
@@ -249,6 +375,7 @@ class RadixTree:
         key_of = policy.key
         held = []
         evicted = 0
+        nodes = 0
         while evicted < num_pages and heap:
             entry = heappop(heap)
             node = entry[2]
@@ -260,7 +387,8 @@ class RadixTree:
             parent = node.parent
             del parent.children[node.key]
             node.parent = None
-            evicted += 1
+            evicted += node.weight
+            nodes += 1
             if on_evict is not None:
                 on_evict(node)
             if not parent.children and parent is not root:
@@ -271,40 +399,33 @@ class RadixTree:
             heappush(heap, entry)
         self.size -= evicted
         self.evictions += evicted
+        self.evicted_nodes += nodes
         return evicted
 
-    def serve(self, page_keys: Sequence[Hashable], clock=None, priority: int = 0) -> int:
-        """One request, as the replay rules describe it; returns the hit length.
+    def serve(self, page_keys: Sequence[Hashable], clock=None, priority: int = 0,
+              weights: Optional[Sequence[int]] = None) -> int:
+        """One request, as the replay rules describe it; returns the hit length in pages.
 
-        Matches the longest cached prefix (touching it), inserts the rest, then evicts
-        leaves until the tree fits its capacity while the request's own pages are pinned.
+        Matches the longest cached prefix (touching it, splitting the node the match ends
+        in), inserts the rest (one node per unit), then evicts whole leaves until the tree
+        fits its capacity while the request's own pages are pinned.
         """
+        if weights is not None:
+            weights = _check_weights(page_keys, weights)
         clock = self._tick(clock)
-        node = self.root
-        children = node.children
-        k = 0
-        for key in page_keys:
-            child = children.get(key)
-            if child is None:
-                break
-            child.last_access = clock
-            child.hit_count += 1
-            node = child
-            children = child.children
-            k += 1
+        k, node, u, lo = self._walk(page_keys, weights, clock, True)
         policy = self.policy
         if priority:
             self._raise_priority(node, priority)
-        n = len(page_keys)
-        if k < n:
-            node = self._grow(node, page_keys, k, clock, priority)
+        if u < len(page_keys):
+            node = self._grow(node, page_keys, weights, u, lo, clock, priority)
             if policy.wants_touch:
-                policy.on_touch(page_keys, k, clock, node)
+                self._touch(page_keys, k, clock, node)
             self._push(node)
         elif k:
             if policy.wants_touch:
-                policy.on_touch(page_keys, k, clock, node)
-            if not children:
+                self._touch(page_keys, k, clock, node)
+            if not node.children:
                 self._push(node)
         cap = self.capacity
         if cap is not None and self.size > cap:
@@ -331,20 +452,34 @@ class RadixTree:
     def evictable_leaves(self) -> List[TreeNode]:
         return [n for n in self.iter_nodes() if not n.children and n.lock_ref == 0]
 
+    def cached_pages(self) -> set:
+        """``{(unit key, offset)}`` of every cached page (for tests; O(size))."""
+        out = set()
+        for node in self.iter_nodes():
+            out.update((node.key, p) for p in range(node.lo, node.lo + node.weight))
+        return out
+
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` if the structure is inconsistent (for tests)."""
-        count = 0
+        pages = 0
         locked = 0
         for node in self.iter_nodes():
-            count += 1
+            parent = node.parent
             assert node.parent is not None, "cached node without parent"
-            assert node.parent.children.get(node.key) is node, "parent link broken"
-            assert node.depth == node.parent.depth + 1, "depth mismatch"
+            assert parent.children.get(node.key) is node, "parent link broken"
+            assert node.weight >= 1 and node.lo >= 0, "empty or negative run"
+            assert node.depth == parent.depth + node.weight, "depth mismatch"
+            if node.lo:
+                assert parent.key == node.key and parent.lo + parent.weight == node.lo, \
+                    "continuation run not below its unit's previous run"
+            else:
+                assert parent.key != node.key or parent is self.root, "key follows itself"
+            pages += node.weight
             if node.lock_ref:
-                locked += 1
-                if node.parent is not self.root:
-                    assert node.parent.lock_ref >= node.lock_ref, "lock not on ancestors"
-        assert count == self.size, f"size {self.size} != counted {count}"
+                locked += node.weight
+                if parent is not self.root:
+                    assert parent.lock_ref >= node.lock_ref, "lock not on ancestors"
+        assert pages == self.size, f"size {self.size} != counted {pages}"
         assert locked == self.protected_size, f"protected {self.protected_size} != {locked}"
 
     def __len__(self) -> int:
@@ -406,3 +541,25 @@ def block_page_keys(hash_ids: Sequence[int], input_length: int, page_size: int,
         return [hash_ids[min(j + per, nb) - 1] for j in range(0, nb, per)]
     raise ValueError(
         f"page_size {page_size} must divide or be a multiple of the trace block size {block_size}")
+
+
+
+def block_page_weights(hash_ids: Sequence[int], input_length: int, page_size: int,
+                       block_size: int = 512) -> List[int]:
+    """Pages per trace block when ``page_size`` divides ``block_size`` (weighted API).
+
+    Every block holds ``block_size // page_size`` pages except the last, which holds
+    ``ceil(tokens / page_size)`` for the tokens it carries; this is the same page count
+    as :func:`block_page_keys` yields per block.
+    """
+    if page_size <= 0 or block_size % page_size:
+        raise ValueError(f"page_size {page_size} must divide the trace block size {block_size}")
+    per = block_size // page_size
+    nb = len(hash_ids)
+    if nb == 0:
+        return []
+    out = [per] * nb
+    tokens = input_length - block_size * (nb - 1)
+    m = -(-tokens // page_size) if tokens > 0 else per
+    out[-1] = min(m, per)
+    return out

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional
 
 from ..cache.policies import get_policy_info, make_policy
-from ..cache.radix import RadixTree, block_page_keys
+from ..cache.radix import RadixTree, block_page_keys, block_page_weights
 from .metrics import hits_by_depth, nearest_rank, tail_stats
 from .trace import BLOCK_SIZE, Request
 
@@ -149,7 +149,17 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
     get_policy_info(name)  # unknown names fail here, before any work
 
     t0 = time.perf_counter()
-    keys = [block_page_keys(r.hash_ids, r.input_length, page_size, block_size) for r in reqs]
+    # Pages smaller than a block: one weighted node per block (ceil(tokens / page_size)
+    # pages for a partial last block) instead of one node per page.  Otherwise (page =
+    # block, or a page grouping several blocks) one node per page, keyed per page.
+    weighted = page_size < block_size and block_size % page_size == 0
+    if weighted:
+        keys = [r.hash_ids for r in reqs]
+        weights = [block_page_weights(r.hash_ids, r.input_length, page_size, block_size)
+                   for r in reqs]
+    else:
+        keys = [block_page_keys(r.hash_ids, r.input_length, page_size, block_size) for r in reqs]
+        weights = None
     n_req = len(reqs)
     hits = [0] * n_req
     evictions = 0
@@ -157,11 +167,16 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
     if not disabled:
         tree = RadixTree(capacity, pol)
         if pol.needs_future:
+            # next use per unit (block); a node's pages are evicted together, and any
+            # later request that reads one of a block's pages reads its first page
             pol.prepare(keys)
         serve = tree.serve
-        for i in _progress(range(n_req), n_req, progress):
-            r = reqs[i]
-            hits[i] = serve(keys[i], i, r.priority)
+        if weighted:
+            for i in _progress(range(n_req), n_req, progress):
+                hits[i] = serve(keys[i], i, reqs[i].priority, weights[i])
+        else:
+            for i in _progress(range(n_req), n_req, progress):
+                hits[i] = serve(keys[i], i, reqs[i].priority)
         evictions = tree.evictions
     elif progress:
         for _ in _progress(range(n_req), n_req, progress):
@@ -182,7 +197,7 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
         ht = k * page_size
         if ht > length:
             ht = length
-        lookup_pages += len(keys[i])
+        lookup_pages += sum(weights[i]) if weighted else len(keys[i])
         hit_pages += k
         input_tokens += length
         hit_tokens += ht

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from sglang_hydra.cache import RadixTree, block_page_keys, chained_page_keys, make_policy
+from sglang_hydra.cache.radix import block_page_weights
 from naive import naive_replay
 
 
@@ -149,3 +150,155 @@ def test_matches_naive_simulator(policy):
                for i, c in enumerate(chains)]
         assert got == expect, (policy, cap)
         t.check_invariants()
+
+
+# ------------------------------------------------------------ weighted nodes
+def test_weighted_units_split_and_accounting():
+    t = RadixTree(capacity=None)
+    assert t.serve(["a", "b"], 0, weights=[4, 4]) == 0
+    assert t.size == 8 and t.num_nodes == 2
+    # a shorter last unit matches inside "b": the node is split, only 2 pages touched
+    assert t.serve(["a", "b"], 1, weights=[4, 2]) == 6
+    assert t.num_nodes == 3 and t.size == 8
+    up = t.root.children["a"].children["b"]
+    assert (up.lo, up.weight, up.last_access) == (0, 2, 1)
+    assert (up.children["b"].lo, up.children["b"].weight, up.children["b"].last_access) == (2, 2, 0)
+    t.check_invariants()
+    # a longer unit continues the partial run, then grows
+    t2 = RadixTree(capacity=None)
+    t2.serve(["a", "b"], 0, weights=[4, 1])
+    assert t2.serve(["a", "b", "c"], 1, weights=[4, 4, 3]) == 5
+    assert t2.size == 11 and t2.match_prefix(["a", "b", "c"], weights=[4, 4, 3]).length == 11
+    t2.check_invariants()
+    with pytest.raises(ValueError):
+        t2.serve(["a"], 2, weights=[0])
+
+
+def test_weighted_locks_and_whole_leaf_eviction():
+    t = RadixTree(capacity=None)
+    _, a = t.insert(["x", "y"], weights=[3, 5])
+    assert t.inc_lock_ref(a) == -8 and t.protected_size == 8
+    # splitting a locked node keeps the lock on both halves
+    assert t.match_prefix(["x", "y"], weights=[3, 2]).length == 5
+    t.check_invariants()
+    assert t.evict(1) == 0
+    assert t.dec_lock_ref(a) == 8
+    assert t.evict(1) == 3              # the whole leaf run y[2:5] goes at once
+    assert t.size == 5 and t.evictions == 3 and t.evicted_nodes == 1
+    t.check_invariants()
+
+
+def test_weighted_serve_respects_capacity():
+    t = RadixTree(capacity=10)
+    t.serve(["a", "b"], 0, weights=[4, 4])
+    t.serve(["c"], 1, weights=[4])        # 12 > 10: leaf b (4 pages) goes, not a
+    assert t.size == 8 and t.evictions == 4
+    assert t.match_prefix(["a", "b"], weights=[4, 4]).length == 4
+    t.check_invariants()
+
+
+def test_block_page_weights_match_keys():
+    for ids, length, ps in [([7, 8], 600, 128), ([7, 8, 9], 1100, 1), ([5], 512, 16),
+                            ([5, 6], 1024, 64), ([1, 2], 513, 1)]:
+        w = block_page_weights(ids, length, ps)
+        assert sum(w) == len(block_page_keys(ids, length, ps))
+        assert w[:-1] == [512 // ps] * (len(ids) - 1)
+    assert block_page_weights([], 0, 16) == []
+    with pytest.raises(ValueError):
+        block_page_weights([1], 10, 300)
+
+
+weighted_ops = st.lists(
+    st.tuples(st.sampled_from(["serve", "lock", "unlock", "evict", "match", "insert"]),
+              st.lists(st.tuples(st.integers(0, 2), st.integers(1, 4)), max_size=5),
+              st.integers(0, 8)),
+    max_size=40)
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=weighted_ops, capacity=st.integers(0, 25),
+       policy=st.sampled_from(["lru", "lfu", "fifo", "slru", "priority", "ghost_lru"]))
+def test_weighted_invariants_under_random_operations(ops, capacity, policy):
+    """Units with random page counts (a unit's key names its prefix; occurrences may
+    hold different numbers of its pages, as a trace's partial last block does)."""
+    t = RadixTree(capacity, make_policy(policy))
+    locks = []
+    for clock, (op, path, extra) in enumerate(ops, start=1):
+        keys = [tuple(p for p, _ in path[: j + 1]) for j in range(len(path))]
+        weights = [w for _, w in path]
+        request_pages = {(key, p) for key, w in zip(keys, weights) for p in range(w)}
+        before_pages = t.cached_pages()
+        if op == "serve":
+            # hits = longest cached page prefix, in pages
+            expect = 0
+            for key, w in zip(keys, weights):
+                run = 0
+                while run < w and (key, run) in before_pages:
+                    run += 1
+                expect += run
+                if run < w:
+                    break
+            assert t.serve(keys, clock, priority=extra, weights=weights) == expect
+            assert request_pages <= t.cached_pages()       # the request is pinned
+            if t.size > capacity:
+                leaves = t.evictable_leaves()
+                assert all((n.key, n.lo) in request_pages for n in leaves)
+        elif op == "lock" and keys:
+            _, node = t.insert(keys, clock, weights=weights)
+            t.inc_lock_ref(node)
+            locks.append((node, request_pages))
+        elif op == "unlock" and locks:
+            t.dec_lock_ref(locks.pop(extra % len(locks))[0])
+        elif op == "evict":
+            before = t.size
+            got = t.evict(extra)
+            assert t.size == before - got
+            assert got >= min(extra, got + t.evictable_size) or not t.evictable_leaves()
+        elif op == "match":
+            m = t.match_prefix(keys, clock, weights=weights)
+            assert m.last_node.depth + 1 == m.length
+        elif op == "insert":
+            t.insert(keys, clock, weights=weights)
+        t.check_invariants()
+        cached = t.cached_pages()
+        # prefix closure, in pages: page p of a unit needs pages < p and the parent unit
+        for key, p in cached:
+            if p:
+                assert (key, p - 1) in cached
+            elif len(key) > 1:
+                assert (key[:-1], 0) in cached
+        for _, pages in locks:
+            assert pages <= cached
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "belady", "slru", "priority", "tlru"])
+def test_weight_one_units_equal_page_keys(policy):
+    """Weighted API with all weights 1 is the page-granular tree (same hits)."""
+    rng = random.Random(policy + "w")
+    chains = chains_from_paths([[rng.choice([0, 0, 1, 2]) for _ in range(rng.randint(1, 7))]
+                                for _ in range(200)])
+    cfg = {"threshold": 4 * 512, "next_prompt_estimate": 512} if policy == "tlru" else None
+    got = []
+    for weighted in (False, True):
+        pol = make_policy(policy, cfg, page_size=512)
+        t = RadixTree(8, pol)
+        if pol.needs_future:
+            pol.prepare(chains)
+        got.append([t.serve(c, i, weights=[1] * len(c) if weighted else None)
+                    for i, c in enumerate(chains)])
+    assert got[0] == got[1]
+
+
+def test_unbounded_weighted_equals_page_granular():
+    """Without eviction, one node per unit gives exactly the per-page hits."""
+    rng = random.Random(7)
+    t_pages = RadixTree(None)
+    t_units = RadixTree(None)
+    for i in range(300):
+        path = [rng.choice([0, 0, 1, 2]) for _ in range(rng.randint(1, 6))]
+        keys = [tuple(path[: j + 1]) for j in range(len(path))]
+        weights = [4] * (len(keys) - 1) + [rng.randint(1, 4)]
+        pages = [(key, p) for key, w in zip(keys, weights) for p in range(w)]
+        assert t_units.serve(keys, i, weights=weights) == t_pages.serve(pages, i)
+    t_units.check_invariants()
+    assert t_units.size == t_pages.size and t_units.num_nodes < t_pages.num_nodes
