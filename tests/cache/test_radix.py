@@ -215,17 +215,18 @@ weighted_ops = st.lists(
     max_size=40)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(ops=weighted_ops, capacity=st.integers(0, 25),
        policy=st.sampled_from(["lru", "lfu", "fifo", "slru", "priority", "ghost_lru"]))
 def test_weighted_invariants_under_random_operations(ops, capacity, policy):
-    """Units with random page counts (a unit's key names its prefix; occurrences may
-    hold different numbers of its pages, as a trace's partial last block does)."""
+    """Units with random page counts: a unit's key names its prefix, and only a request's
+    last unit may hold fewer pages than a full one, as a trace's partial last block does."""
     t = RadixTree(capacity, make_policy(policy))
     locks = []
     for clock, (op, path, extra) in enumerate(ops, start=1):
         keys = [tuple(p for p, _ in path[: j + 1]) for j in range(len(path))]
-        weights = [w for _, w in path]
+        # As in a trace, only a request's last unit may be partial; earlier ones are full (4 pages).
+        weights = [4] * (len(path) - 1) + [w for _, w in path[-1:]]
         request_pages = {(key, p) for key, w in zip(keys, weights) for p in range(w)}
         before_pages = t.cached_pages()
         if op == "serve":
