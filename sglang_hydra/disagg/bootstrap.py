@@ -44,11 +44,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _reply(self, code: int, body: Any) -> None:
         data = (body if isinstance(body, str) else json.dumps(body)).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "text/plain" if isinstance(body, str) else "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain" if isinstance(body, str) else "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout) first
+            self.close_connection = True
 
     def _delay(self) -> None:
         if self.server.owner.delay_s > 0:

@@ -37,7 +37,8 @@ class TensorKVBuffers:
     """
 
     def __init__(self, *, num_layers: int, num_pages: int, page_size: int, head_num: int,
-                 head_dim: int, dtype: torch.dtype = torch.bfloat16, reserve_page0: bool = True):
+                 head_dim: int, dtype: torch.dtype = torch.bfloat16, reserve_page0: bool = True,
+                 kinds: Sequence[str] = ("k", "v")):
         if min(num_layers, num_pages, page_size, head_num, head_dim) <= 0:
             raise ValueError("TensorKVBuffers: all sizes must be positive")
         self.page_size = page_size
@@ -45,7 +46,7 @@ class TensorKVBuffers:
         self.first_page = 1 if reserve_page0 else 0
         rows = (num_pages + self.first_page) * page_size
         self._bufs: List[Tuple[str, torch.Tensor]] = []
-        for kind in ("k", "v"):
+        for kind in kinds:
             for layer in range(num_layers):
                 self._bufs.append((f"{kind}_buffer[{layer}]",
                                    torch.zeros((rows, head_num, head_dim), dtype=dtype)))

@@ -7,6 +7,7 @@ Adler-32 of the full concatenation. An empty selection gives 1 (Adler-32 of no b
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import zlib
 from typing import Sequence
@@ -18,8 +19,8 @@ from .addressing import group_contiguous_runs
 NO_DIGEST = 0
 
 
-def _byte_view(t: torch.Tensor):
-    return t.detach().reshape(-1).view(torch.uint8).numpy()
+def _bytes_at(addr: int, nbytes: int) -> memoryview:
+    return memoryview((ctypes.c_char * nbytes).from_address(addr))
 
 
 def adler32_pages(tensors: Sequence[torch.Tensor], item_lens: Sequence[int],
@@ -27,10 +28,16 @@ def adler32_pages(tensors: Sequence[torch.Tensor], item_lens: Sequence[int],
     runs = group_contiguous_runs(pages, pages)
     value = 1
     for t, il in zip(tensors, item_lens):
-        view = _byte_view(t)
+        if not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError("checksums need contiguous host tensors")
+        base = t.data_ptr()
+        limit = t.numel() * t.element_size()
         for first, _, n in runs:
             start = first * il
-            value = zlib.adler32(view[start:start + n * il], value)
+            if start < 0 or start + n * il > limit:
+                raise IndexError(f"pages {first}..{first + n - 1} lie outside the buffer")
+            if n:
+                value = zlib.adler32(_bytes_at(base + start, n * il), value)
     return value & 0xFFFFFFFF
 
 

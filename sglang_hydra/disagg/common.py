@@ -59,6 +59,7 @@ class _Peer:
     reg: control.Registration
     sock: Any
     lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False  # set under ``lock`` once the socket is closed; senders must check it
 
 
 @dataclass
@@ -232,13 +233,16 @@ class CommonKVManager(BaseKVManager):
             self.peers[reg.session] = peer
         if old is not None:
             with old.lock:
+                old.closed = True
                 old.sock.close(0)
         logger.info("[prefill] decode %s registered: endpoint tcp://%s:%d, %d buffers %s",
                     reg.session[:8], reg.ip, reg.port, len(reg.kv_data_ptrs), reg.extra or "")
 
     def add_transfer_request(self, room: int, src_pages: Sequence[int]) -> None:
+        # one destination stays on one worker queue, as in the reference (spreading requests of
+        # one decode over several workers was measured slower on 2 cores: the threads contend)
         info = self.transfer_infos.get(room)
-        key = hash(info.session) if info is not None else room
+        key = sum(map(ord, info.session)) if info is not None else room
         self._queues[key % len(self._queues)].put(_Job(room, [int(p) for p in src_pages]))
 
     def _send_status(self, peer: Optional[_Peer], msg: control.StatusMessage) -> None:
@@ -246,6 +250,8 @@ class CommonKVManager(BaseKVManager):
             return
         try:
             with peer.lock:
+                if peer.closed:
+                    return
                 peer.sock.send_multipart(msg.encode())
         except zmq.ZMQError as e:
             logger.warning("[prefill] could not send status of room %d to decode: %s", msg.room, e)
@@ -426,10 +432,14 @@ class CommonKVManager(BaseKVManager):
             return
         self._stop.set()
         self._loop.join(timeout=2)
+        # a worker finishes its current job first; that is bounded by the send timeout
+        limit = self.env.prefill_send_timeout + self.env.test_transfer_delay + 2
         for t in getattr(self, "_workers", []):
-            t.join(timeout=2)
+            t.join(timeout=limit)
         for p in list(getattr(self, "peers", {}).values()):
-            p.sock.close(0)
+            with p.lock:
+                p.closed = True
+                p.sock.close(0)
         for c in list(getattr(self, "_conns", {}).values()):
             c.sock.close(0)
         self._pull.close(0)

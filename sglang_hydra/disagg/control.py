@@ -22,7 +22,6 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence
 
-import numpy as np
 
 REGISTER = b"REGISTER"
 META = b"META"
@@ -77,7 +76,7 @@ class TransferInfo:
 
     def encode(self) -> List[bytes]:
         return [META, str(self.room).encode(), self.session.encode(),
-                np.asarray(self.dst_pages, dtype="<i4").tobytes(), json.dumps(self.extra).encode()]
+                struct.pack(f"<{len(self.dst_pages)}i", *self.dst_pages), json.dumps(self.extra).encode()]
 
     @classmethod
     def decode(cls, frames: Sequence[bytes]) -> "TransferInfo":
@@ -85,7 +84,7 @@ class TransferInfo:
             raise ProtocolError(f"bad META message ({len(frames)} frames)")
         if len(frames[3]) % 4:
             raise ProtocolError("META page list is not a whole number of int32")
-        pages = np.frombuffer(frames[3], dtype="<i4").tolist()
+        pages = list(struct.unpack(f"<{len(frames[3]) // 4}i", frames[3]))
         return cls(room=int(frames[1]), session=frames[2].decode(), dst_pages=pages,
                    extra=json.loads(frames[4] or b"{}"))
 

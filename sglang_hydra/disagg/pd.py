@@ -152,13 +152,9 @@ class KVGeometry:
                    num_pages=num_pages, dtype=str(dt).replace("torch.", ""))
 
     def build(self) -> TensorKVBuffers:
-        buf = TensorKVBuffers(num_layers=self.num_layers * (1 if self.kv_split else 1),
-                              num_pages=self.num_pages, page_size=self.page_size, head_num=self.head_num,
-                              head_dim=self.head_dim, dtype=getattr(torch, self.dtype),
-                              reserve_page0=self.reserve_page0)
-        if not self.kv_split:  # one buffer per layer instead of K and V
-            buf._bufs = buf._bufs[: self.num_layers]
-        return buf
+        return TensorKVBuffers(num_layers=self.num_layers, num_pages=self.num_pages, page_size=self.page_size,
+                               head_num=self.head_num, head_dim=self.head_dim, dtype=getattr(torch, self.dtype),
+                               reserve_page0=self.reserve_page0, kinds=("k", "v") if self.kv_split else ("kv",))
 
     @property
     def bytes_per_page(self) -> int:
@@ -334,6 +330,8 @@ class PrefillWorker:
                     self.allocator.free(pages)
                     sender.clear()
                     del inflight[room]
+                    if reactive:
+                        seen.discard(room)
                     last_activity = done
                     changed = True
             if not changed:
@@ -465,7 +463,7 @@ def run_prefill(record, *, requests: Optional[int], pages_per_request: Optional[
                 host: str = DEFAULT_HOST, bootstrap_port: Optional[int] = None, room_base: int = 1,
                 geometry: Optional[KVGeometry] = None, max_inflight: int = 32, timeout: Optional[float] = None,
                 idle_timeout: Optional[float] = None, stop: Optional[threading.Event] = None,
-                ready=None) -> SideResult:
+                ready=None, fill: bool = True, warmup: int = 0) -> SideResult:
     """Prefill role. ``requests=None`` serves whatever decode asks for until ``stop``/``idle_timeout``.
 
     ``ready``, if given, is called with the endpoints once the bootstrap server is up.
@@ -474,19 +472,29 @@ def run_prefill(record, *, requests: Optional[int], pages_per_request: Optional[
     try:
         if ready is not None:
             ready(w.endpoints())
-        rooms = None if requests is None else _rooms(requests, room_base)
-        return w.serve(rooms, pages_per_request=pages_per_request, max_inflight=max_inflight,
-                       timeout=timeout, stop=stop, idle_timeout=idle_timeout)
+        rooms = None if requests is None else _rooms(requests + warmup, room_base - warmup)
+        res = w.serve(rooms, pages_per_request=pages_per_request, max_inflight=max_inflight,
+                      timeout=timeout, stop=stop, idle_timeout=idle_timeout, fill=fill)
+        if warmup:
+            res.requests = [r for r in res.requests if r.room >= room_base]
+        return res
     finally:
         w.close()
 
 
 def run_decode(record, *, prefill_addr: Optional[str], requests: int, pages_per_request: int,
                host: str = DEFAULT_HOST, room_base: int = 1, geometry: Optional[KVGeometry] = None,
-               max_inflight: int = 8, timeout: Optional[float] = None, verify: bool = True) -> SideResult:
-    """Decode role: fetch ``requests`` requests of ``pages_per_request`` pages from ``prefill_addr``."""
+               max_inflight: int = 8, timeout: Optional[float] = None, verify: bool = True,
+               warmup: int = 0) -> SideResult:
+    """Decode role: fetch ``requests`` requests of ``pages_per_request`` pages from ``prefill_addr``.
+
+    ``warmup`` extra requests (rooms just below ``room_base``) run first and are not reported.
+    """
     w = DecodeWorker(record, host=host, geometry=geometry)
     try:
+        if warmup:
+            w.fetch(prefill_addr, _rooms(warmup, room_base - warmup), pages_per_request,
+                    max_inflight=max_inflight, timeout=timeout, verify=False)
         return w.fetch(prefill_addr, _rooms(requests, room_base), pages_per_request,
                        max_inflight=max_inflight, timeout=timeout, verify=verify)
     finally:
@@ -567,8 +575,14 @@ def summarize(backend: str, requests: int, pages_per_request: int, prefill: Opti
 
 def run_pair(record, *, requests: int, pages_per_request: int, timeout: float = 120.0,
              geometry: Optional[KVGeometry] = None, verify: bool = True, max_inflight: int = 8,
-             room_base: int = 1, env: Optional[Dict[str, str]] = None, host: str = DEFAULT_HOST) -> PairResult:
-    """Run prefill and decode as two spawned processes on ``host`` with free ports."""
+             room_base: int = 1, env: Optional[Dict[str, str]] = None, host: str = DEFAULT_HOST,
+             warmup: int = 0, fill: bool = True) -> PairResult:
+    """Run prefill and decode as two spawned processes on ``host`` with free ports.
+
+    ``warmup`` requests run first and are left out of the numbers; ``fill=False`` skips writing
+    the test pattern on prefill (benchmarks; then pass ``verify=False`` too).
+    """
+    room_base = max(room_base, warmup + 1)
     backend = resolve_backend_name(record.disaggregation_transfer_backend)
     values = record.to_dict()
     env = dict(env or {})
@@ -588,7 +602,7 @@ def run_pair(record, *, requests: int, pages_per_request: int, timeout: float = 
             pre = ctx.Process(target=_prefill_entry, name="pd-prefill", daemon=True, args=(
                 pv, env, dict(requests=requests, pages_per_request=pages_per_request, host=host,
                               bootstrap_port=port, room_base=room_base, geometry=geometry,
-                              max_inflight=max(32, 2 * max_inflight),
+                              max_inflight=max(32, 2 * max_inflight), fill=fill, warmup=warmup,
                               timeout=max(1.0, deadline - time.monotonic() - 2)), q))
             pre.start()
             while True:  # wait until the bootstrap server is up before starting decode
@@ -609,7 +623,7 @@ def run_pair(record, *, requests: int, pages_per_request: int, timeout: float = 
         dec = ctx.Process(target=_decode_entry, name="pd-decode", daemon=True, args=(
             dv, env, dict(prefill_addr=f"{host}:{port}" if pre else None, requests=requests,
                           pages_per_request=pages_per_request, host=host, room_base=room_base,
-                          geometry=geometry, max_inflight=max_inflight, verify=verify,
+                          geometry=geometry, max_inflight=max_inflight, verify=verify, warmup=warmup,
                           timeout=max(1.0, deadline - time.monotonic() - 2)), q))
         dec.start()
         expected = {"decode"} | ({"prefill"} if pre else set())

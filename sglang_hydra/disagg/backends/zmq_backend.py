@@ -62,6 +62,8 @@ class ZmqKVManager(CommonKVManager):
             rm = str(room).encode()
             tracker = None
             with peer.lock:
+                if peer.closed:
+                    return -1, "connection to decode is closed"
                 for i, (src, dst, n) in enumerate(entries):
                     flags = control.DATA_LAST if i == len(entries) - 1 else 0
                     tracker = peer.sock.send_multipart(

@@ -1,0 +1,56 @@
+import contextlib
+import threading
+
+from sglang_hydra.disagg.pd import DecodeWorker, PrefillWorker
+
+
+@contextlib.contextmanager
+def serving_prefill(rec, **kw):
+    """A PrefillWorker serving whatever decode asks for on a thread; yields (worker, results)."""
+    w = PrefillWorker(rec, bootstrap_port=0, **kw)
+    stop = threading.Event()
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault("res", w.serve(None, stop=stop)), daemon=True)
+    th.start()
+    try:
+        yield w, out
+    finally:
+        stop.set()
+        th.join(15)
+        w.close()
+        assert not th.is_alive(), "prefill serve loop did not stop"
+
+
+@contextlib.contextmanager
+def decode_worker(rec, **kw):
+    d = DecodeWorker(rec, **kw)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+def assert_clean(side):
+    assert side.allocator_error is None, side.allocator_error
+    assert side.pages_in_use_after == 0
+
+
+class ReversingAllocator:
+    """Hands out pages in descending order so no two destination pages form a run."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def alloc(self, n):
+        p = self.inner.alloc(n)
+        return None if p is None else list(reversed(p))
+
+    def free(self, pages):
+        self.inner.free(pages)
+
+    def check_invariants(self):
+        self.inner.check_invariants()
+
+    @property
+    def used(self):
+        return self.inner.used
