@@ -65,6 +65,7 @@ def test_setup_job_bad_layout_is_a_config_error(tmp_path):
 
 def test_pd_pair_zmq(tmp_path):
     r = run("job=pd_pair", "model=tiny", "disagg.disaggregation_transfer_backend=zmq", "job.requests=20",
+            "schedule.max_total_tokens=8192", "schedule.page_size=16",
             "disagg.disaggregation_enable_kv_checksum=true", "job.timeout=90", cwd=tmp_path, timeout=150)
     assert r.returncode == 0, r.stderr
     assert "ok=20 failed=0" in r.stdout
