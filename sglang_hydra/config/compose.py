@@ -295,10 +295,7 @@ def compose_values(cmd: Command, *, raise_problems: bool = True) -> Composed:
     values = {n: fi.default_value() for n, fi in FIELDS.items()}
     explicit = set()
     chosen = dict(default_choices())
-    for g, o in cmd.choices.items():
-        if g not in chosen and g != "job":
-            chosen[g] = o
-        chosen[g] = o
+    chosen.update(cmd.choices)
     job_name = chosen.get("job", "resolve")
     keys = _all_record_keys()
     for group, option in chosen.items():
@@ -311,19 +308,9 @@ def compose_values(cmd: Command, *, raise_problems: bool = True) -> Composed:
         if not isinstance(data, dict):
             problems.append(Problem(group, None, f"preset {group}/{option} must be a mapping", "preset"))
             continue
-        user_chosen = group in cmd.choices
-        for fk, fv in data.items():
-            name = keys.get(f"{group}.{fk}")
-            if name is None:
-                problems.append(Problem(f"{group}.{fk}", None, f"unknown key in preset {group}/{option}{_suggest(f'{group}.{fk}', keys)}", "preset"))
-                continue
-            v, err = coerce(FIELDS[name], fv)
-            if err:
-                problems.append(problem_for(name, err, f"preset {group}/{option}"))
-                continue
-            values[name] = v
-            if user_chosen:
-                explicit.add(name)
+        applied = _apply_namespace(group, data, f"preset {group}/{option}", keys, values, problems)
+        if group in cmd.choices:
+            explicit.update(applied)
     for s in cmd.settings:
         v, err = coerce(FIELDS[s.name], s.value)
         if err:
@@ -335,6 +322,25 @@ def compose_values(cmd: Command, *, raise_problems: bool = True) -> Composed:
     if problems and raise_problems:
         raise ConfigError(problems)
     return Composed(values, frozenset(explicit), job_name, job, problems)
+
+
+def _apply_namespace(ns: str, data: Dict[str, Any], source: str, keys: Dict[str, str],
+                     values: Dict[str, Any], problems: List[Problem]) -> List[str]:
+    """Check and apply one namespace's ``{field: value}`` mapping; returns the fields set."""
+    applied = []
+    for fk, fv in data.items():
+        key = f"{ns}.{fk}"
+        name = keys.get(key)
+        if name is None:
+            problems.append(Problem(key, None, f"unknown key in {source}{_suggest(key, keys)}", source))
+            continue
+        v, err = coerce(FIELDS[name], fv)
+        if err:
+            problems.append(problem_for(name, err, source))
+            continue
+        values[name] = v
+        applied.append(name)
+    return applied
 
 
 def _job_values(job_name: str, job_settings, problems: List[Problem]) -> Dict[str, Any]:
@@ -471,16 +477,7 @@ def values_from_cfg(cfg, cmd: Command) -> Composed:
     keys = _all_record_keys()
     values = {n: fi.default_value() for n, fi in FIELDS.items()}
     for ns in NAMESPACES:
-        for fk, fv in (data.get(ns) or {}).items():
-            name = keys.get(f"{ns}.{fk}")
-            if name is None:
-                problems.append(Problem(f"{ns}.{fk}", None, f"unknown key{_suggest(f'{ns}.{fk}', keys)}", "hydra"))
-                continue
-            v, err = coerce(FIELDS[name], fv)
-            if err:
-                problems.append(problem_for(name, err, "hydra"))
-                continue
-            values[name] = v
+        _apply_namespace(ns, data.get(ns) or {}, "hydra", keys, values, problems)
     extra = set(data) - set(NAMESPACES) - {"job", "hydra"}
     for k in sorted(extra):
         problems.append(Problem(k, None, f"unknown key{_suggest(k, keys)}", "hydra"))

@@ -149,17 +149,13 @@ def full_replay(record, requests, *, mode: str = "full", max_requests: Optional[
     """
     if mode != "full":
         raise ValueError(f"full_replay only runs mode='full', got {mode!r}")
-    if prefill_us_per_token < 0:
-        raise ValueError(f"prefill_us_per_token must be >= 0, got {prefill_us_per_token}")
     from ..cache.hicache import HiCache
     from ..config.extra_config import parse_extra_config
     from ..memory import build_memory
 
-    reqs = list(getattr(requests, "requests", requests))
-    if max_requests is not None:
-        if max_requests < 0:
-            raise ValueError(f"max_requests must be >= 0, got {max_requests}")
-        reqs = reqs[:max_requests]
+    from .replay import select_requests
+
+    reqs = select_requests(requests, max_requests, prefill_us_per_token)
     ps = int(record.page_size or 1)
     pol = policy or getattr(record, "radix_eviction_policy", "lru") or "lru"
     hicache_on = bool(getattr(record, "enable_hierarchical_cache", False))

@@ -103,6 +103,18 @@ class ReplayResult:
         ]
 
 
+def select_requests(requests, max_requests: Optional[int], prefill_us_per_token: float) -> List[Request]:
+    """The requests a replay runs (a Trace or any iterable), after checking the shared knobs."""
+    if prefill_us_per_token < 0:
+        raise ValueError(f"prefill_us_per_token must be >= 0, got {prefill_us_per_token}")
+    reqs = list(getattr(requests, "requests", requests))
+    if max_requests is not None:
+        if max_requests < 0:
+            raise ValueError(f"max_requests must be >= 0, got {max_requests}")
+        reqs = reqs[:max_requests]
+    return reqs
+
+
 def _progress(iterable, total, enabled):
     if not enabled:
         return iterable
@@ -129,13 +141,7 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
     """
     if mode not in REPLAY_MODES:
         raise ValueError(f"unknown replay mode {mode!r}; supported: {', '.join(REPLAY_MODES)}")
-    if prefill_us_per_token < 0:
-        raise ValueError(f"prefill_us_per_token must be >= 0, got {prefill_us_per_token}")
-    reqs = list(getattr(requests, "requests", requests))
-    if max_requests is not None:
-        if max_requests < 0:
-            raise ValueError(f"max_requests must be >= 0, got {max_requests}")
-        reqs = reqs[:max_requests]
+    reqs = select_requests(requests, max_requests, prefill_us_per_token)
 
     page_size = int(record.page_size or 1)
     max_tokens = record.max_total_tokens
