@@ -215,6 +215,15 @@ def _check_allocator(alloc) -> Optional[str]:
     return None
 
 
+def _finish(res: "SideResult", allocator, t0: float, first_send, last_done) -> "SideResult":
+    """Timing and allocator health of one side's run, filled in the same way for both roles."""
+    res.wall_s = time.monotonic() - t0
+    res.transfer_s = (last_done - first_send) if (first_send and last_done) else 0.0
+    res.allocator_error = _check_allocator(allocator)
+    res.pages_in_use_after = getattr(allocator, "used", 0)
+    return res
+
+
 def _registration(args) -> Dict[str, Any]:
     return {"buffers": len(args.kv_data_ptrs), "total_bytes": sum(args.kv_data_lens),
             "item_lens": sorted(set(args.kv_item_lens)), "page_size": args.page_size,
@@ -336,11 +345,7 @@ class PrefillWorker:
                     changed = True
             if not changed:
                 mgr.status.wait_for_change(version, 0.02)
-        res.wall_s = time.monotonic() - t0
-        res.transfer_s = (last_done - first_send) if (first_send and last_done) else 0.0
-        res.allocator_error = _check_allocator(self.allocator)
-        res.pages_in_use_after = getattr(self.allocator, "used", 0)
-        return res
+        return _finish(res, self.allocator, t0, first_send, last_done)
 
     def close(self) -> None:
         try:
@@ -444,11 +449,7 @@ class DecodeWorker:
                     status_table.wait_for_change(version, 0.02)
                 else:
                     time.sleep(0.001)
-        res.wall_s = time.monotonic() - t0
-        res.transfer_s = (last_done - first_send) if (first_send and last_done) else 0.0
-        res.allocator_error = _check_allocator(self.allocator)
-        res.pages_in_use_after = getattr(self.allocator, "used", 0)
-        return res
+        return _finish(res, self.allocator, t0, first_send, last_done)
 
     def close(self) -> None:
         self.mgr.close()
