@@ -142,7 +142,8 @@ def test_m_hc_layout_io_switches():
     r = make_record(enable_hierarchical_cache=True, hicache_mem_layout="layer_first", hicache_storage_backend="mooncake",
                     hicache_io_backend="direct")
     assert r.hicache_mem_layout == "page_first_direct"
-    r = make_record(enable_hierarchical_cache=True, hicache_io_backend="direct", enable_unified_memory=True)
+    r = make_record(enable_hierarchical_cache=True, hicache_io_backend="direct", enable_unified_memory=True,
+                    attention_backend="triton")
     assert (r.hicache_mem_layout, r.hicache_io_backend) == ("page_first", "kernel")
     # untouched without a host tier
     r = make_record(hicache_mem_layout="page_first_direct")
@@ -216,12 +217,21 @@ def test_m_cc4_tlru_and_policy_kwargs_checked_early():
 # ---- M-PM / M-UM
 def test_m_pm_and_m_um():
     has(problems(enable_page_major_kv_layout=True), "memory.enable_page_major_kv_layout", "--enable-unified-memory")
-    r = make_record(enable_unified_memory=True)
+    r = make_record(enable_unified_memory=True, attention_backend="triton")
     assert r.enable_page_major_kv_layout is True
     has(problems(enable_unified_memory=True, disaggregation_mode="prefill", disaggregation_transfer_backend="nixl"),
         "memory.enable_unified_memory", "mooncake")
     has(problems(enable_unified_memory=True, enable_two_batch_overlap=True), "memory.enable_unified_memory", "two-batch")
     has(problems(enable_unified_memory=True, speculative_algorithm="ngram"), "memory.enable_unified_memory", "'NGRAM'")
+
+
+def test_x_cpu_attention_default_feeds_m_pm():
+    # Without sgl-kernel's AMX ops the reference ends on torch_native for a CPU device,
+    # which the page-major layout rejects (found by the differential test).
+    assert make_record(device="cpu").attention_backend == "torch_native"
+    assert make_record(device="cpu", attention_backend="triton").attention_backend == "triton"
+    assert make_record(device="cuda").attention_backend is None
+    has(problems(device="cpu", enable_unified_memory=True), "memory.enable_page_major_kv_layout", "torch_native")
 
 
 # ---- D-ENC, D-OPT, D-SPEC, X-DRC, X-DLLM, X-RS

@@ -112,6 +112,34 @@ def npu_hicache_defaults(cfg: Resolving) -> None:
                     hicache_mem_layout="page_first_kv_split" if cfg.use_mla() else "page_first_direct")
 
 
+@rule(30, "X-CPU")
+def cpu_attention_default(cfg: Resolving) -> None:
+    """On a CPU device with no attention backend given, pick the one that runs there.
+
+    The reference first names ``intel_amx`` on x86 and later falls back to ``torch_native``
+    when the host lacks AMX tiles or the sgl-kernel CPU ops; both steps are folded into
+    one here.  The choice matters to the memory rules: page-major layouts accept only
+    some backends (M-PM).
+    """
+    if cfg.device != "cpu" or cfg.attention_backend is not None:
+        return
+    backend = "intel_amx" if _has_intel_amx() else "torch_native"
+    cfg.declare(attention_backend=backend)
+
+
+def _has_intel_amx() -> bool:
+    import importlib.util
+    import platform
+
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return " amx_tile" in flags and importlib.util.find_spec("sgl_kernel") is not None
+
+
 @rule(34, "X-DRC")
 def radix_off_for_model(cfg: Resolving) -> None:
     why = _RADIX_OFF_ARCHS.get(cfg.architecture)
