@@ -91,7 +91,7 @@ def build_memory(record: Any, device: Optional[str] = None, *, progress: bool = 
         need_sort = getattr(record, "disaggregation_mode", "null") in ("prefill", "decode")
         allocator = PageAllocator(plan.device_tokens, geo.page_size, device=plan.device, need_sort=need_sort)
         transfer = None
-        if plan.hicache:
+        if plan.host_tokens:
             host_pool = HostKVPool(geo, plan.host_layout, plan.host_tokens, pin_memory=plan.pin_memory, bar=bar)
             transfer = make_transfer(device_pool, host_pool, plan.io_backend, plan.io_backend_effective,
                                      plan.io_note)

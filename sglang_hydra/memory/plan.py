@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 from .. import hostmem
 from .errors import setup_error
 from .geometry import KVGeometry, kv_geometry
+from .retraction import choose_backup, decode_host_ratio
 
 GiB = 1024 ** 3
 #: a CPU "device" pool sized from mem_fraction_static never exceeds this
@@ -48,6 +49,9 @@ class MemoryPlan:
     device_budget_bytes: Optional[int]
     device_budget_reason: str
     hicache: bool = False
+    # RT-1: where a PD decode server backs up retracted requests (None off decode servers)
+    retraction_backup: Optional[str] = None
+    retraction_reason: str = ""
     host_layout: Optional[str] = None
     host_tokens: int = 0
     host_pages: int = 0
@@ -80,9 +84,10 @@ class MemoryPlan:
             f"  device [{self.device}] {self.device_tokens:,} tokens = {self.device_pages:,} pages "
             f"(+1 padding page), {self.device_bytes / GiB:.3f} GiB; sized by {self.device_budget_reason}",
         ]
-        if self.hicache:
+        if self.host_tokens:
+            purpose = "" if self.hicache else " (decode retraction backup only)"
             lines.append(
-                f"  host [{self.host_layout}] {self.host_tokens:,} tokens = {self.host_pages:,} pages, "
+                f"  host{purpose} [{self.host_layout}] {self.host_tokens:,} tokens = {self.host_pages:,} pages, "
                 f"{self.host_bytes / GiB:.3f} GiB{' pinned' if self.pin_memory else ''}; "
                 f"sized by {self.host_budget_reason}")
             io = self.io_backend_effective
@@ -163,9 +168,12 @@ def make_plan(record: Any, device: Optional[str] = None, *,
     bpt = geo.bytes_per_token
     notes: List[str] = []
     hicache = bool(getattr(record, "enable_hierarchical_cache", False))
+    backup = choose_backup(record, geo)
+    # A host pool exists for HiCache, or alone to back up a decode server's retracted requests.
+    host_tier = hicache or backup.backend == "host_pool"
     layout = getattr(record, "hicache_mem_layout", "page_first")
     io = getattr(record, "hicache_io_backend", "kernel")
-    if hicache:
+    if host_tier:
         check_layout_io(geo, layout, io, strict_io)
 
     def live_host(auto: bool = False) -> hostmem.HostMemoryInfo:
@@ -210,7 +218,8 @@ def make_plan(record: Any, device: Optional[str] = None, *,
     plan = MemoryPlan(
         device=dev, geometry=geo.to_dict(), bytes_per_token=bpt, bytes_per_page=geo.bytes_per_page,
         page_size=ps, device_tokens=tokens, device_pages=tokens // ps, device_bytes=dev_bytes,
-        device_budget_bytes=budget, device_budget_reason=reason, notes=notes)
+        device_budget_bytes=budget, device_budget_reason=reason, notes=notes,
+        retraction_backup=backup.backend, retraction_reason=backup.reason)
     rows = tokens + ps
     for name, H, D in geo.components:
         shape = [geo.layers, rows, H, D]
@@ -220,9 +229,11 @@ def make_plan(record: Any, device: Optional[str] = None, *,
         notes.append("device K and V share one allocation of shape (2, L, rows, H, D)")
 
     # ---- host pool ---------------------------------------------------------------------
-    if not hicache:
+    if backup.backend is not None:
+        notes.append(f"decode retraction backup: {backup.backend} ({backup.reason})")
+    if not host_tier:
         return plan
-    plan.hicache = True
+    plan.hicache = hicache
     plan.host_layout = layout
     plan.io_backend = io
     plan.io_backend_effective, plan.io_note = effective_io(io, dev)
@@ -232,7 +243,11 @@ def make_plan(record: Any, device: Optional[str] = None, *,
     size_gb = getattr(record, "hicache_size", 0) or 0
     fraction = getattr(record, "hicache_host_memory_fraction", None)
     ratio = getattr(record, "hicache_ratio", None)
-    ratio = 2.0 if ratio is None else float(ratio)
+    ratio_why = ""
+    if ratio is None:  # only decode servers reach here unresolved (M-HR2); RT-1 settles it
+        max_context = getattr(record, "context_length", None) or getattr(record, "max_position_embeddings", None) or tokens
+        ratio, ratio_why = decode_host_ratio(record, backup.backend, tokens, ps, int(max_context))
+    ratio = float(ratio)
     auto = not size_gb and fraction is not None
     info = live_host(auto=auto)
     if not on_cuda:
@@ -265,7 +280,7 @@ def make_plan(record: Any, device: Optional[str] = None, *,
         budget = hostmem.host_memory_budget_bytes(info, ranks=ranks)
         host_tokens, host_pages = hostmem.host_pool_tokens(
             page_size=ps, size_per_token=bpt, device_tokens=tokens, ratio=ratio)
-        why = f"hicache_ratio {ratio:g} x {tokens:,} device tokens"
+        why = f"hicache_ratio {ratio:g} x {tokens:,} device tokens" + (f" ({ratio_why})" if ratio_why else "")
         plan.host_ratio = ratio
     requested = host_tokens * bpt
     hostmem.check_host_request(requested, budget, field_name)
