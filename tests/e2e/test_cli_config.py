@@ -109,3 +109,33 @@ def test_wheel_ships_conf_and_runs_elsewhere(tmp_path):
     r = subprocess.run([str(py), "-c", code], cwd=elsewhere, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "enable_hierarchical_cache: true" in r.stdout
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("sglang-hydra memory.hicache_r", {"memory.hicache_ratio="}),
+    ("sglang-hydra memory=", {"memory=default", "memory=hicache", "memory=hicache_file"}),
+    ("sglang-hydra disagg=de", {"disagg=decode"}),
+    ("sglang-hydra memory=hicache memory.hicache_write_p", {"memory.hicache_write_policy="}),
+])
+def test_tab_completion_queries(tmp_path, line, expected):
+    # What the bash script installed by `sglang-hydra -sc install=bash` asks on every <TAB>.
+    r = run("-sc", "query=bash", cwd=tmp_path, env={"COMP_LINE": line, "COMP_POINT": str(len(line))})
+    assert r.returncode == 0, r.stderr
+    assert set(r.stdout.split()) == expected
+
+
+def test_tab_completion_install_script(tmp_path):
+    r = run("--shell-completion", "install=bash", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "hydra_bash_completion" in r.stdout and "complete -o nospace -o default -F hydra_bash_completion" in r.stdout
+
+
+def test_tab_completion_in_bash(tmp_path):
+    # The installed completion function, driven the way bash drives it on <TAB>.
+    script = ('eval "$(sglang-hydra -sc install=bash)"; COMP_LINE="sglang-hydra memory=hi"; '
+              'COMP_POINT=${#COMP_LINE}; COMP_WORDS=(sglang-hydra memory=hi); COMP_CWORD=1; '
+              'hydra_bash_completion; echo "${COMPREPLY[@]}"')
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    r = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["memory=hicache", "memory=hicache_file"]
