@@ -472,3 +472,5 @@ def create_storage_backend(name: str, config: Optional[StorageConfig] = None) ->
 
 register_storage_backend("file", FileStorage)
 register_storage_backend("sim", SimStorage)
+# Mooncake Store (storage_mooncake.py); imported lazily, fails with an install hint if absent
+register_storage_backend("mooncake", lambda cfg: importlib.import_module(".storage_mooncake", __package__).MooncakeStore(cfg))
