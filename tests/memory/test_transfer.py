@@ -92,8 +92,9 @@ CASES = {
 }
 
 
-def _run_matrix(rec, big_host, io, min_run_bytes=None):
+def _run_matrix(rec, big_host, io, min_run_bytes=None, cases=None, stage_bytes=None):
     gen = torch.Generator().manual_seed(1)
+    cases = CASES if cases is None else cases
     with build_memory(rec, host_memory=big_host, strict_io=False) as m:
         # the record's rules may rewrite io for a layout (M-HC8); the matrix wants both
         x = make_transfer(m.device_pool, m.host_pool, io)
@@ -101,11 +102,14 @@ def _run_matrix(rec, big_host, io, min_run_bytes=None):
         if min_run_bytes is not None:
             assert isinstance(x, DirectTransfer)
             x.min_run_bytes = min_run_bytes
+        if stage_bytes is not None:
+            assert isinstance(x, DirectTransfer)
+            x.stage_bytes = stage_bytes
         dbufs = list(m.device_pool.buffers.values())
         hbufs = list(m.host_pool.buffers.values())
         assert m.host_pool.page_num == 17 and m.device_pool.total_pages == 9
         for to_host in (True, False):
-            for hp, dp, nt in CASES[to_host]:
+            for hp, dp, nt in cases[to_host]:
                 for layer in (None, 1):
                     src, dst = (dbufs, hbufs) if to_host else (hbufs, dbufs)
                     fill(src, gen)
@@ -156,6 +160,63 @@ def test_direct_both_strategies(layout, min_run_bytes, big_host):
     """Slice copies per run (0) and gather/scatter (huge threshold) give the same bytes."""
     rec = small_record(enable_hierarchical_cache=True, hicache_mem_layout=layout, hicache_io_backend="direct")
     _run_matrix(rec, big_host, "direct", min_run_bytes)
+
+
+# long consecutive runs on both sides, a host-only run (what the host free list hands out)
+# with scattered device pages, and the same pages reversed (no run at all)
+RUN_CASES = {
+    True: [(list(range(3, 10)), list(range(1, 8)), None),
+           (list(range(10, 17)), [8, 1, 5, 2, 7, 3, 0], 26),
+           (list(range(16, 9, -1)), [0, 3, 7, 2, 5, 1, 8], 25)],
+    False: [(list(range(0, 8)), list(range(1, 9)), 30),
+            (list(range(9, 16)), [4, 8, 0, 6, 2, 7, 1], None),
+            (list(range(15, 8, -1)), list(range(7, 0, -1)), 27)],
+}
+
+
+@pytest.mark.parametrize("min_run_bytes", [0, 1 << 40])
+@pytest.mark.parametrize("layout", MHA)
+def test_direct_runs_vs_scattered(layout, min_run_bytes, big_host):
+    """Sorted consecutive runs (one slice copy each) and scattered pages give the reference bytes."""
+    rec = small_record(enable_hierarchical_cache=True, hicache_mem_layout=layout, hicache_io_backend="direct")
+    _run_matrix(rec, big_host, "direct", min_run_bytes, cases=RUN_CASES)
+
+
+@pytest.mark.parametrize("stage_bytes", [0, 1, 3 * 128])
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_direct_page_head_staging(stage_bytes, dtype, big_host):
+    """page_head all-layer copies via the token-major staging buffer: off, 1 token per block,
+    and (bf16) 3-token blocks that divide neither the page nor the partial last page."""
+    rec = small_record(enable_hierarchical_cache=True, hicache_mem_layout="page_head", hicache_io_backend="direct",
+                       **DTYPES[dtype])
+    with build_memory(rec, host_memory=big_host, strict_io=False) as m:
+        x = make_transfer(m.device_pool, m.host_pool, "direct")
+        x.min_run_bytes, x.stage_bytes = 0, stage_bytes
+        x.backup([3], [2])
+        ps = m.device_pool.page_size
+        per_token = m.device_pool.nbytes // m.device_pool.rows         # K and V, all layers
+        tb = min(ps, max(1, stage_bytes // per_token))
+        want = 1 if stage_bytes == 0 else 2 * -(-ps // tb)          # staged: 2 copies per block
+        assert x.stats["backup"].launches == want
+        x.load([3], [2], layer=1)                                     # one layer: never staged
+        assert x.stats["load"].launches == 1
+    _run_matrix(rec, big_host, "direct", 0, stage_bytes=stage_bytes)
+    _run_matrix(rec, big_host, "direct", 0, cases=RUN_CASES, stage_bytes=stage_bytes)
+
+
+@pytest.mark.parametrize("layout", MHA)
+def test_direct_moves_k_and_v_together(layout, big_host):
+    """Symmetric K/V share one allocation per side: one copy per page run covers both."""
+    rec = small_record(enable_hierarchical_cache=True, hicache_mem_layout=layout, hicache_io_backend="direct")
+    with build_memory(rec, host_memory=big_host, strict_io=False) as m:
+        x = make_transfer(m.device_pool, m.host_pool, "direct")
+        x.min_run_bytes = 0
+        x.stage_bytes = 0
+        x.backup([5, 2, 9, 10], [3, 1, 4, 5])            # runs: 5->3, 2->1, (9,10)->(4,5)
+        assert x.stats["backup"].launches == 3
+        for l in range(m.device_pool.layer_num):
+            x.load([5, 2, 9, 10], [3, 1, 4, 5], layer=l)
+        assert x.stats["load"].launches == 3 * m.device_pool.layer_num
 
 
 @pytest.mark.parametrize("io", ["direct", "kernel"])
