@@ -15,6 +15,14 @@ from typing import List, Optional, Sequence
 from .config.errors import ConfigError
 
 EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130   # 128 + SIGINT, what shells report for Ctrl-C
+
+
+def _interrupted() -> int:
+    """Ctrl-C ends a run with a one-line message instead of a traceback; jobs clean up on the
+    way out (e.g. the file storage removes its unfinished temp files)."""
+    print("sglang-hydra: interrupted (SIGINT); stopped before the job finished", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def _print_problems(err: ConfigError) -> None:
@@ -58,8 +66,7 @@ def _direct(cmd) -> int:
         _print_problems(err)
         return EXIT_CONFIG
     except KeyboardInterrupt:
-        print("sglang-hydra: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
     return 0
 
 
@@ -105,4 +112,8 @@ def _hydra_main(cmd, hydra_flags: List[str]) -> int:
 
 
 def entry() -> None:
-    sys.exit(main())
+    try:
+        code = main()
+    except KeyboardInterrupt:      # outside a job: while importing, composing, or under Hydra
+        code = _interrupted()
+    sys.exit(code)

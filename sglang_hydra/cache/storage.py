@@ -32,7 +32,7 @@ __all__ = [
     "StorageConfig", "StorageBackend", "FileStorage", "SimStorage", "StorageError",
     "register_storage_backend", "create_storage_backend", "storage_backend_names",
     "page_hashes", "namespace_seed", "parse_size", "storage_config_from_record",
-    "STORAGE_BATCH_SIZE",
+    "check_page_file", "STORAGE_BATCH_SIZE",
 ]
 
 STORAGE_BATCH_SIZE = 128
@@ -231,8 +231,31 @@ def parse_size(v) -> Optional[int]:
     return out if out > 0 else None
 
 
-def _checksum(data: bytes) -> bytes:
+def _checksum(data) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _parse_page(data: bytes, page_bytes: int = 0):
+    """``(problem or None, payload)`` of one page file's bytes (header + payload)."""
+    if len(data) < _HDR.size:
+        return "truncated header", b""
+    magic, n, cs = _HDR.unpack_from(data)
+    payload = data[_HDR.size:]
+    if magic != _MAGIC:
+        return "bad magic", payload
+    if len(payload) != n:
+        return f"truncated ({len(payload)} of {n} payload bytes)", payload
+    if page_bytes and n != page_bytes:
+        return f"wrong page size {n} (expected {page_bytes})", payload
+    if _checksum(payload) != cs:
+        return "checksum mismatch", payload
+    return None, payload
+
+
+def check_page_file(path, page_bytes: int = 0) -> Optional[str]:
+    """What is wrong with the ``file`` backend page at ``path`` (None: intact)."""
+    with open(path, "rb") as fh:
+        return _parse_page(fh.read(), page_bytes)[0]
 
 
 class FileStorage(StorageBackend):
@@ -267,6 +290,7 @@ class FileStorage(StorageBackend):
         self._warned: Dict[str, int] = {}
         self._lock = threading.RLock()
         self._lru: "OrderedDict[str, int]" = OrderedDict()   # key -> file bytes
+        self._inflight: set = set()                            # temp files of writes in progress
         self.total = 0
         try:
             os.makedirs(self.dir, exist_ok=True)
@@ -328,28 +352,32 @@ class FileStorage(StorageBackend):
             if key in self._lru and self.exists(key):
                 self._lru.move_to_end(key)
                 return True
-        payload = value.detach().to("cpu").contiguous().view(torch.uint8).view(-1).numpy().tobytes()
-        data = _HDR.pack(_MAGIC, len(payload), _checksum(payload)) + payload
+        payload = memoryview(value.detach().to("cpu").contiguous().view(torch.uint8).view(-1).numpy())
+        header = _HDR.pack(_MAGIC, len(payload), _checksum(payload))
+        size = len(header) + len(payload)
         with self._lock:
-            if not self._make_room(len(data)):
+            if not self._make_room(size):
                 self.stats["set_fail"] += 1
                 self._warn("full", f"hicache file storage: size cap {self.max_size} B reached; page not stored")
                 return False
-            self._lru[key] = len(data)
-            self.total += len(data)
+            self._lru[key] = size
+            self.total += size
+        # temp file + rename: readers and a crash never see half a page.  The temp name is
+        # registered before the file exists, so close() can remove it if an interrupt
+        # (KeyboardInterrupt) lands anywhere in here, even inside the cleanup below.
         tmp = os.path.join(self.dir, f".{uuid.uuid4().hex}.tmp")
+        self._inflight.add(tmp)
         try:
             with open(tmp, "wb") as fh:
-                fh.write(data)
+                fh.write(header)
+                fh.write(payload)
             os.replace(tmp, self.path(key))
-        except BaseException as exc:   # incl. KeyboardInterrupt: never leave a temp file behind
+            self._inflight.discard(tmp)
+        except BaseException as exc:
             with self._lock:
                 if self._lru.pop(key, None) is not None:
-                    self.total -= len(data)
-            try:
-                os.remove(tmp)
-            except OSError:
-                pass
+                    self.total -= size
+            self._remove_temp(tmp)
             if not isinstance(exc, Exception):
                 raise
             self.stats["set_fail"] += 1
@@ -358,12 +386,26 @@ class FileStorage(StorageBackend):
         self.stats["bytes_written"] += len(payload)
         return True
 
+    def _remove_temp(self, tmp: str) -> None:
+        try:
+            os.remove(tmp)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self._warn("tmp", f"hicache file storage: cannot remove temp file {tmp}: {exc}")
+            return
+        self._inflight.discard(tmp)
+
+    def close(self) -> None:
+        """Remove temp files of writes that never finished (an interrupted replay)."""
+        for tmp in list(self._inflight):
+            self._remove_temp(tmp)
+
     def get(self, key):
         self.stats["get"] += 1
         p = self.path(key)
         try:
-            with open(p, "rb") as fh:
-                data = fh.read()
+            bad, out = self._read_page(p)
         except FileNotFoundError:
             self.stats["get_miss"] += 1
             return None
@@ -371,20 +413,6 @@ class FileStorage(StorageBackend):
             self.stats["get_miss"] += 1
             self._warn("read", f"hicache file storage: cannot read {p}: {exc}; treated as a miss")
             return None
-        bad = None
-        if len(data) < _HDR.size:
-            bad = "truncated header"
-        else:
-            magic, n, cs = _HDR.unpack_from(data)
-            payload = data[_HDR.size:]
-            if magic != _MAGIC:
-                bad = "bad magic"
-            elif len(payload) != n:
-                bad = f"truncated ({len(payload)} of {n} payload bytes)"
-            elif self.config.page_bytes and n != self.config.page_bytes:
-                bad = f"wrong page size {n} (expected {self.config.page_bytes})"
-            elif _checksum(payload) != cs:
-                bad = "checksum mismatch"
         if bad:
             self.stats["corrupt"] += 1
             self.stats["get_miss"] += 1
@@ -392,11 +420,38 @@ class FileStorage(StorageBackend):
             self.delete(key)
             return None
         self.stats["get_hit"] += 1
-        self.stats["bytes_read"] += len(payload)
+        self.stats["bytes_read"] += out.numel()
         with self._lock:
             if key in self._lru:
                 self._lru.move_to_end(key)
-        return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        return out
+
+    def _read_page(self, path):
+        """``(problem or None, payload tensor)``; the payload is read straight into the tensor
+        it is returned in (one copy), after the header was checked against the file size."""
+        with open(path, "rb", buffering=0) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            hdr = fh.read(_HDR.size)
+            if len(hdr) < _HDR.size:
+                return "truncated header", None
+            magic, n, cs = _HDR.unpack(hdr)
+            if magic != _MAGIC:
+                return "bad magic", None
+            if size - _HDR.size != n:
+                return f"truncated ({size - _HDR.size} of {n} payload bytes)", None
+            if self.config.page_bytes and n != self.config.page_bytes:
+                return f"wrong page size {n} (expected {self.config.page_bytes})", None
+            out = torch.empty(n, dtype=torch.uint8)
+            view = memoryview(out.numpy())
+            got = 0
+            while got < n:
+                k = fh.readinto(view[got:])
+                if not k:
+                    return f"truncated ({got} of {n} payload bytes)", None
+                got += k
+        if _checksum(view) != cs:
+            return "checksum mismatch", None
+        return None, out
 
     def delete(self, key):
         with self._lock:

@@ -1,0 +1,179 @@
+#!/usr/bin/env python
+"""Benchmark the hierarchical cache: full replays of the conversation trace, no HiCache vs
+HiCache (host tier) vs HiCache + file storage.
+
+Each configuration is composed with ``compose_record`` (``memory=default``,
+``memory=hicache``, ``memory=hicache_file``; the tiny model) and replayed with
+``full_replay``, the code path of ``sglang-hydra job=replay job.mode=full``.  The file
+storage lives in a fresh temporary directory per repetition, removed afterwards.  Reports,
+as the median over ``--reps``: hit rate per tier, bytes moved per tier and direction, the
+achieved GB/s of each direction next to its ceiling measured at start-up in the same run
+(and the ratio; goal >= 0.5x), the TTFT estimate P50/P90 with the P90 ratio to no
+HiCache, and wall time.
+
+    .venv/bin/python scripts/bench_hicache.py [--requests 2000] [--reps 3] [--json out.json]
+
+Torch runs one intra-op thread by default (``--torch-threads``): on a small shared machine
+two OpenMP threads per copy were measured up to 20x slower than one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+CONFIGS = ("default", "hicache", "hicache_file")
+DIRECTIONS = (("d2h", "device->host"), ("h2d", "host->device"),
+              ("storage_write", "host->storage"), ("storage_read", "storage->host"))
+GOAL_RATIO = 0.5
+
+
+def default_trace() -> Path:
+    for p in (ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl",
+              Path("/work/shared/traces/conversation_trace.jsonl")):
+        if p.exists():
+            return p
+    return ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
+
+
+def overrides_for(config: str, page_size: int, device_pages: int, storage_dir: str):
+    ov = [f"memory={config}", "model=tiny", f"schedule.page_size={page_size}",
+          f"schedule.max_total_tokens={page_size * device_pages}"]
+    if config == "hicache_file":
+        extra = json.dumps({"file_storage_path": storage_dir})
+        ov.append(f"memory.hicache_storage_backend_extra_config={json.dumps(extra)}")
+    return ov
+
+
+def run_once(config: str, requests, args) -> dict:
+    from sglang_hydra import compose_record
+    from sglang_hydra.workload.full_replay import full_replay
+
+    storage_dir = tempfile.mkdtemp(prefix="bench_hicache_")
+    try:
+        rec = compose_record(overrides=overrides_for(config, args.page_size, args.device_pages, storage_dir))
+        t0 = time.perf_counter()
+        r = full_replay(rec, requests)
+        wall = time.perf_counter() - t0
+    finally:
+        shutil.rmtree(storage_dir, ignore_errors=True)
+    return {"hit_rate": r.hit_rate, "token_hit_rate": r.token_hit_rate, "bytes_moved": r.bytes_moved,
+            "achieved_gbps": r.achieved_gbps, "ceiling_gbps": r.bandwidth_gbps, "ratio": r.bandwidth_ratio,
+            "ttft_ms_p50": r.ttft_ms_p50, "ttft_ms_p90": r.ttft_ms_p90, "wall_s": wall,
+            "verified_pages": r.verified_pages, "verify_mismatch_pages": r.verify_mismatch_pages,
+            "prefetch": r.prefetch, "evictions": r.evictions}
+
+
+def median_of(runs, *path):
+    vals = []
+    for run in runs:
+        v = run
+        for p in path:
+            v = v.get(p) if isinstance(v, dict) else None
+        if v is not None:
+            vals.append(v)
+    return statistics.median(vals) if vals else None
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default=str(default_trace()), help="Mooncake JSONL trace")
+    ap.add_argument("--requests", type=int, default=2000, help="first N requests of the trace")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per configuration (median)")
+    ap.add_argument("--page-size", type=int, default=512, help="tokens per page (512 = one trace block)")
+    ap.add_argument("--device-pages", type=int, default=1000, help="device pool size in pages")
+    ap.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--json", help="also write every number (each repetition) to this file")
+    args = ap.parse_args(argv)
+    if args.requests <= 0 or args.reps <= 0:
+        ap.error("--requests and --reps must be positive")
+
+    import torch
+
+    from sglang_hydra.workload.trace import TraceError, load_trace
+
+    torch.set_num_threads(max(1, args.torch_threads))
+    con = Console(width=160)
+    try:
+        trace = load_trace(args.trace, max_requests=args.requests)
+    except (OSError, TraceError) as exc:
+        print(f"bench_hicache: cannot read the trace: {exc}", file=sys.stderr)
+        return 2
+    reqs = trace.requests
+    con.print(f"trace {args.trace}: first {len(reqs):,} requests, {sum(r.input_length for r in reqs):,} "
+              f"input tokens; page size {args.page_size}, device {args.device_pages:,} pages, "
+              f"reps {args.reps}, torch threads {torch.get_num_threads()}")
+
+    runs = {c: [] for c in CONFIGS}
+    t_all = time.perf_counter()
+    for rep in range(args.reps):
+        for c in CONFIGS:
+            runs[c].append(run_once(c, reqs, args))
+            con.print(f"  rep {rep + 1}/{args.reps} {c}: {runs[c][-1]['wall_s']:.1f} s")
+    total = time.perf_counter() - t_all
+
+    base_p90 = median_of(runs["default"], "ttft_ms_p90")
+    t1 = Table(title=f"HiCache full replay: first {len(reqs):,} requests, median of {args.reps}")
+    for col in ("config", "token hit %", "device %", "host %", "storage %", "TTFT P50 ms", "TTFT P90 ms",
+                "P90 vs default", "verified pages (bad)", "wall s"):
+        t1.add_column(col, justify="left" if col == "config" else "right")
+    summary = {}
+    for c in CONFIGS:
+        p90 = median_of(runs[c], "ttft_ms_p90")
+        row = {"token_hit_rate": median_of(runs[c], "token_hit_rate"),
+               "hit_rate": {t: median_of(runs[c], "hit_rate", t) for t in ("device", "host", "storage")},
+               "ttft_ms_p50": median_of(runs[c], "ttft_ms_p50"), "ttft_ms_p90": p90,
+               "p90_vs_default": p90 / base_p90 if p90 is not None and base_p90 else None,
+               "wall_s": median_of(runs[c], "wall_s"),
+               "verified_pages": median_of(runs[c], "verified_pages"),
+               "verify_mismatch_pages": max(r["verify_mismatch_pages"] for r in runs[c])}
+        summary[c] = row
+        t1.add_row(c, fmt(100 * row["token_hit_rate"], ".2f"),
+                   *(fmt(100 * row["hit_rate"][t], ".2f") for t in ("device", "host", "storage")),
+                   fmt(row["ttft_ms_p50"], ".1f"), fmt(p90, ".1f"), fmt(row["p90_vs_default"], ".3f"),
+                   f"{row['verified_pages'] or 0:,.0f} ({row['verify_mismatch_pages']})", fmt(row["wall_s"], ".1f"))
+    con.print(t1)
+
+    t2 = Table(title=f"transfers per tier (median of {args.reps}); ceiling measured at start-up of each run; "
+                     f"goal achieved >= {GOAL_RATIO}x ceiling")
+    for col in ("config", "direction", "MB moved", "achieved GB/s", "ceiling GB/s", "achieved/ceiling", "goal"):
+        t2.add_column(col, justify="left" if col in ("config", "direction") else "right")
+    for c in CONFIGS[1:]:
+        summary[c]["transfers"] = {}
+        for d, label in DIRECTIONS:
+            moved = median_of(runs[c], "bytes_moved", d)
+            ceiling = median_of(runs[c], "ceiling_gbps", d)
+            if not moved and ceiling is None:
+                continue
+            ach = median_of(runs[c], "achieved_gbps", d)
+            ratio = median_of(runs[c], "ratio", d)
+            summary[c]["transfers"][d] = {"bytes": moved, "achieved_gbps": ach, "ceiling_gbps": ceiling,
+                                          "ratio": ratio}
+            goal = "-" if ratio is None else ("met" if ratio >= GOAL_RATIO else "NOT met")
+            t2.add_row(c, label, fmt(moved / 1e6 if moved is not None else None, ",.1f"), fmt(ach, ".3g"),
+                       fmt(ceiling, ".3g"), fmt(ratio, ".2f"), goal)
+    con.print(t2)
+    con.print(f"total benchmark time {total:.1f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "requests": len(reqs), "summary": summary,
+                                               "runs": runs, "total_s": total}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
