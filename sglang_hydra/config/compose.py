@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
 from dataclasses import dataclass, field, fields as dc_fields
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -61,20 +62,35 @@ def _yaml_load(path: Path) -> Any:
         return yaml.load(fh, Loader=loader)
 
 
+_GLOBAL_PACKAGE = re.compile(r"^#\s*@package\s+_global_\s*$", re.M)
+
+
 @functools.lru_cache(maxsize=256)
-def _load_preset(path: str, mtime: float) -> Tuple[Optional[dict], bool]:
-    """(mapping, plain): plain is False when the file needs Hydra (defaults list, @package)."""
+def _load_preset(path: str, group: str, mtime: float) -> Tuple[Any, bool]:
+    """(settings by namespace, plain); plain is False when the file needs Hydra.
+
+    A preset normally holds fields of its own group's namespace.  One headed
+    ``# @package _global_`` may also set fields of other namespaces (``hicache_file`` picks
+    a page size); as long as it is a plain ``{namespace: {field: value}}`` mapping the
+    direct composer applies it too.  Defaults lists and other packages go through Hydra.
+    """
     text = Path(path).read_text(encoding="utf-8")
     data = _yaml_load(Path(path)) or {}
-    plain = "@package" not in text and isinstance(data, dict) and "defaults" not in data
-    return data, plain
+    if not isinstance(data, dict):
+        return data, True
+    if _GLOBAL_PACKAGE.search(text):
+        plain = "defaults" not in data and all(k in NAMESPACES and isinstance(v, dict) for k, v in data.items())
+        return data, plain
+    plain = "@package" not in text and "defaults" not in data
+    return {group: data}, plain
 
 
-def preset(group: str, option: str) -> Tuple[Optional[dict], bool]:
+def preset(group: str, option: str) -> Tuple[Any, bool]:
+    """The preset ``group/option`` as ``{namespace: {field: value}}`` (None when missing)."""
     p = conf_dir() / group / f"{option}.yaml"
     if not p.is_file():
         return None, True
-    return _load_preset(str(p), p.stat().st_mtime)
+    return _load_preset(str(p), group, p.stat().st_mtime)
 
 
 def group_options(group: str) -> List[str]:
@@ -308,9 +324,13 @@ def compose_values(cmd: Command, *, raise_problems: bool = True) -> Composed:
         if not isinstance(data, dict):
             problems.append(Problem(group, None, f"preset {group}/{option} must be a mapping", "preset"))
             continue
-        applied = _apply_namespace(group, data, f"preset {group}/{option}", keys, values, problems)
-        if group in cmd.choices:
-            explicit.update(applied)
+        for ns, settings in data.items():
+            if not isinstance(settings, dict):
+                problems.append(Problem(f"{ns}", None, f"preset {group}/{option} must map fields to values", "preset"))
+                continue
+            applied = _apply_namespace(ns, settings, f"preset {group}/{option}", keys, values, problems)
+            if group in cmd.choices:
+                explicit.update(applied)
     for s in cmd.settings:
         v, err = coerce(FIELDS[s.name], s.value)
         if err:
@@ -496,9 +516,10 @@ def values_from_cfg(cfg, cmd: Command) -> Composed:
     explicit = set(s.name for s in cmd.settings)
     for g in cmd.choices:
         d, _ = preset(g, cmd.choices[g]) if g in NAMESPACES else (None, True)
-        for fk in (d or {}):
-            if f"{g}.{fk}" in keys:
-                explicit.add(keys[f"{g}.{fk}"])
+        for ns, settings in (d.items() if isinstance(d, dict) else ()):
+            for fk in (settings if isinstance(settings, dict) else ()):
+                if f"{ns}.{fk}" in keys:
+                    explicit.add(keys[f"{ns}.{fk}"])
     if problems:
         raise ConfigError(problems)
     return Composed(values, frozenset(explicit), job_name, dict(job))

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 from sglang_hydra import ConfigError, ServerArgs, compose_record
 from sglang_hydra.config.coerce import allowed_choices, base_type
 from sglang_hydra.config.compose import (build_command, compose_values, compose_with_hydra, record_from_values,
-                                          render_value)
+                                          render_value, needs_hydra)
 from sglang_hydra.config.legacy import cli_fields
 from sglang_hydra.config.record import FIELDS
 from sglang_hydra.config.spec import primary_flag
@@ -156,3 +156,13 @@ def test_rendered_values_parse_back(value):
 def test_record_from_values_rejects_bookkeeping_fields():
     with pytest.raises(ConfigError):
         record_from_values({"_radix_eviction_policy_explicitly_set": True})
+
+
+def test_global_preset_sets_other_namespaces_and_the_command_line_wins():
+    # memory/hicache_file is a `# @package _global_` preset: it also picks 64-token pages,
+    # because the file tier keeps one file per page.
+    r = compose_record(overrides=["memory=hicache_file"])
+    assert (r.hicache_storage_backend, r.page_size) == ("file", 64) and r.is_explicit("page_size")
+    assert compose_record(overrides=["memory=hicache_file"], argv=["--page-size", "16"]).page_size == 16
+    cmd, _ = build_command(overrides=["memory=hicache_file"])
+    assert not needs_hydra(cmd)   # still the fast direct composer
