@@ -7,7 +7,15 @@ Every message is a multipart message whose first frame names its kind:
   backend extras such as the Mooncake session id).
 * ``META``      decode -> prefill, once per request: ``[b"META", room, session, int32 pages, json]``.
 * ``ABORT``     decode -> prefill: ``[b"ABORT", room, session]``.
-* ``KV_STATUS`` prefill -> decode: ``[b"KV_STATUS", room, status, reason, digest, signature]``.
+* ``KV_STATUS`` prefill -> decode: ``[b"KV_STATUS", room, status, reason, digest, signature, settled]``;
+  ``settled`` (``1``/``0``, optional: a 6-frame message means settled) says that prefill will never
+  write into this room's destination pages again. A terminal status whose writes may still be in
+  flight (an engine timeout) carries ``0``: decode then keeps the pages until its release timeout.
+* ``ABORT_ACK`` prefill -> decode: ``[b"ABORT_ACK", room, prefill_session]``: the answer to ``ABORT``
+  once no write of that room can still land (none was posted, or all posted ones have settled).
+* ``REG_ACK``   prefill -> decode: ``[b"REG_ACK", prefill_session, json]`` once a registration was
+  accepted; the JSON carries the prefill's control endpoint and backend extras (e.g. its Mooncake
+  session, which decode may probe to tell a dead prefill from a slow one).
 * ``KV_DATA``   prefill -> decode (zmq backend only):
   ``[b"KV_DATA", room, <dst_addr:u64, len:u64, flags:u32>, bytes]``; flag 1 marks the last entry.
 * ``KV_ACK``    decode -> prefill (zmq backend only): ``[b"KV_ACK", room, ok, reason]`` once the last
@@ -29,6 +37,8 @@ ABORT = b"ABORT"
 KV_STATUS = b"KV_STATUS"
 KV_DATA = b"KV_DATA"
 KV_ACK = b"KV_ACK"
+ABORT_ACK = b"ABORT_ACK"
+REG_ACK = b"REG_ACK"
 _DATA_HEADER = struct.Struct("<QQI")
 DATA_LAST = 1
 
@@ -96,17 +106,20 @@ class StatusMessage:
     reason: str = ""
     digest: int = 0
     signature: int = 0
+    settled: bool = True
 
     def encode(self) -> List[bytes]:
         return [KV_STATUS, str(self.room).encode(), str(int(self.status)).encode(),
-                self.reason.encode(), str(self.digest).encode(), str(self.signature).encode()]
+                self.reason.encode(), str(self.digest).encode(), str(self.signature).encode(),
+                b"1" if self.settled else b"0"]
 
     @classmethod
     def decode(cls, frames: Sequence[bytes]) -> "StatusMessage":
-        if len(frames) != 6 or frames[0] != KV_STATUS:
+        if len(frames) not in (6, 7) or frames[0] != KV_STATUS:
             raise ProtocolError(f"bad KV_STATUS message ({len(frames)} frames)")
         return cls(room=int(frames[1]), status=int(frames[2]), reason=frames[3].decode(errors="replace"),
-                   digest=int(frames[4]), signature=int(frames[5]))
+                   digest=int(frames[4]), signature=int(frames[5]),
+                   settled=len(frames) == 6 or frames[6] != b"0")
 
 
 def encode_abort(room: int, session: str) -> List[bytes]:
@@ -117,6 +130,26 @@ def decode_abort(frames: Sequence[bytes]):
     if len(frames) != 3 or frames[0] != ABORT:
         raise ProtocolError(f"bad ABORT message ({len(frames)} frames)")
     return int(frames[1]), frames[2].decode()
+
+
+def encode_abort_ack(room: int, session: str) -> List[bytes]:
+    return [ABORT_ACK, str(room).encode(), session.encode()]
+
+
+def decode_abort_ack(frames: Sequence[bytes]):
+    if len(frames) != 3 or frames[0] != ABORT_ACK:
+        raise ProtocolError(f"bad ABORT_ACK message ({len(frames)} frames)")
+    return int(frames[1]), frames[2].decode()
+
+
+def encode_reg_ack(session: str, body: Dict[str, Any]) -> List[bytes]:
+    return [REG_ACK, session.encode(), json.dumps(body).encode()]
+
+
+def decode_reg_ack(frames: Sequence[bytes]):
+    if len(frames) != 3 or frames[0] != REG_ACK:
+        raise ProtocolError(f"bad REG_ACK message ({len(frames)} frames)")
+    return frames[1].decode(), json.loads(frames[2] or b"{}")
 
 
 def encode_data_header(dst_addr: int, nbytes: int, flags: int = 0) -> bytes:

@@ -4,7 +4,10 @@
   requests: fill each request's pages, wait for decode's destination pages, transfer, free.
 * :func:`run_decode` - look up the prefill through its bootstrap server, register buffers,
   then for each request allocate pages, send their indices, wait for the terminal state,
-  verify the bytes, free.
+  verify the bytes, free. The pages of a *failed* request whose indices prefill already had
+  are not freed until the receiver says that is safe (prefill acknowledged, or proven gone)
+  or the deferred-release timeout passed: a late one-sided write must never land in pages
+  that a later request owns (see ``common.py``, "Late writes").
 * :func:`run_pair` - both of the above as separate processes on 127.0.0.1 with free ports,
   summarised as a :class:`PairResult`.
 
@@ -51,6 +54,7 @@ class RequestResult:
     reason: Optional[str] = None
     checksum: Optional[bool] = None   # None: not checked
     verified: Optional[bool] = None   # byte-for-byte comparison on decode (None: not checked)
+    release: Optional[str] = None     # decode, failed requests: "now" or "deferred" (pages quarantined)
 
     @property
     def ok(self) -> bool:
@@ -68,6 +72,7 @@ class SideResult:
     transfer_s: float = 0.0
     allocator_error: Optional[str] = None
     pages_in_use_after: int = 0
+    quarantined_pages: int = 0   # decode: pages of failed requests still held for late writes
 
     @property
     def succeeded(self) -> int:
@@ -356,6 +361,16 @@ class PrefillWorker:
 
 
 # ------------------------------------------------------------------------------------ decode
+@dataclass
+class _Held:
+    """Pages of a failed request kept out of the allocator until no late write can land."""
+    room: int
+    recv: Any
+    pages: List[int]
+    since: float
+    deadline: float
+
+
 class DecodeWorker:
     def __init__(self, record, *, host: str = DEFAULT_HOST, source: Optional[KVBufferSource] = None,
                  allocator=None, geometry: Optional[KVGeometry] = None, env: Optional[DisaggEnv] = None):
@@ -370,6 +385,8 @@ class DecodeWorker:
                                         ib_device=record.disaggregation_ib_device)
         self.mgr = self.classes.manager(self.args, "decode", record, host=host, env=env)
         self.fake = name == "fake"
+        self.quarantine: List[_Held] = []
+        self.releases: List[Tuple[int, str, float]] = []   # (room, "confirmed" | "timeout", seconds held)
         logger.info("role=decode backend=%s control=%s buffers=%s", name,
                     "none (fake)" if self.fake else f"tcp://{self.mgr.endpoint}", _registration(self.args))
 
@@ -381,6 +398,62 @@ class DecodeWorker:
             ep["mooncake_session"] = self.mgr.mc_session
         return ep
 
+    # ---------------------------------------------------------------- deferred release
+    @staticmethod
+    def _release_safe(recv) -> bool:
+        fn = getattr(recv, "is_abort_release_safe", None)
+        return True if fn is None else bool(fn())
+
+    def _release_timeout(self) -> float:
+        return float(getattr(self.mgr, "deferred_release_timeout", 30.0))
+
+    def release_quarantined(self) -> int:
+        """Free the held pages that became safe (or whose hold timed out); returns pages freed."""
+        if not self.quarantine:
+            return 0
+        now = time.monotonic()
+        keep, freed = [], 0
+        for h in self.quarantine:
+            safe = self._release_safe(h.recv)
+            if safe or now >= h.deadline:
+                if not safe:
+                    logger.warning("[decode] room %d: no confirmation from prefill within %.1fs; releasing its "
+                                   "%d pages (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT)",
+                                   h.room, now - h.since, len(h.pages))
+                self.allocator.free(h.pages)
+                h.recv.clear()
+                freed += len(h.pages)
+                self.releases.append((h.room, "confirmed" if safe else "timeout", now - h.since))
+            else:
+                keep.append(h)
+        self.quarantine = keep
+        return freed
+
+    def drain_quarantine(self, timeout: Optional[float] = None) -> int:
+        """Wait until no pages are held (at most ``timeout`` s, default: the holds' own deadlines)."""
+        end = time.monotonic() + (timeout if timeout is not None else self._release_timeout() + 1.0)
+        self.release_quarantined()
+        while self.quarantine and time.monotonic() < end:
+            time.sleep(0.01)
+            self.release_quarantined()
+        return sum(len(h.pages) for h in self.quarantine)
+
+    def _settle_failed(self, recv, room: int, pages: List[int]) -> str:
+        """A failed request: free its pages now if no late write can land in them, else hold them."""
+        notify = getattr(recv, "ensure_abort_notified", None)
+        if notify is not None:
+            notify()
+        if self._release_safe(recv):
+            self.allocator.free(pages)
+            recv.clear()
+            return "now"
+        now = time.monotonic()
+        self.quarantine.append(_Held(room, recv, list(pages), now, now + self._release_timeout()))
+        logger.info("[decode] room %d failed after prefill got its pages; holding %d pages until prefill "
+                    "confirms it stopped writing (at most %.1fs)", room, len(pages), self._release_timeout())
+        return "deferred"
+
+    # ---------------------------------------------------------------- fetch
     def fetch(self, prefill_addr: Optional[str], rooms: Sequence[int], pages_per_request: int, *,
               max_inflight: int = 8, timeout: Optional[float] = None, verify: bool = True,
               bad_page_rooms: Sequence[int] = ()) -> SideResult:
@@ -396,12 +469,20 @@ class DecodeWorker:
         bad = set(bad_page_rooms)
         status_table = getattr(mgr, "status", None)
         while pending or inflight:
+            self.release_quarantined()
             if deadline is not None and time.monotonic() > deadline:
                 for room, item in inflight.items():
                     if hasattr(mgr, "fail"):
                         mgr.fail(room, "decode run deadline exceeded")
                     else:
                         item[0].abort()
+                if not inflight:   # requests that never got pages
+                    for room in pending:
+                        res.requests.append(RequestResult(room=room, status="Failed", pages=pages_per_request,
+                                                          bytes=0, reason="decode run deadline exceeded while "
+                                                          "waiting for free KV pages"))
+                    pending.clear()
+                    break
                 deadline = None
             while pending and len(inflight) < max_inflight:
                 pages = self.allocator.alloc(pages_per_request)
@@ -417,6 +498,16 @@ class DecodeWorker:
                 else:
                     recv.send_metadata(pages)
                 inflight[room] = [recv, pages, ts]
+            if pending and not inflight:
+                if not self.quarantine:   # nothing will ever be freed: the request cannot fit
+                    for room in pending:
+                        res.requests.append(RequestResult(room=room, status="Failed", pages=pages_per_request,
+                                                          bytes=0, reason=f"{pages_per_request} KV pages do not "
+                                                          "fit in this decode's pool"))
+                    pending.clear()
+                    break
+                time.sleep(0.01)   # waiting for quarantined pages to be released
+                continue
             version = status_table.version() if status_table is not None else 0
             changed = False
             for room in list(inflight):
@@ -435,13 +526,18 @@ class DecodeWorker:
                     reason = getattr(mgr, "failure_reasons", {}).get(room, "failed")
                 elif verified is False:
                     reason = "received bytes differ from what prefill sent"
+                checksum = getattr(mgr, "checksum_results", {}).get(room)
+                release = None
+                if ok:
+                    self.allocator.free(pages)
+                    recv.clear()
+                else:
+                    release = self._settle_failed(recv, room, pages)
                 res.requests.append(RequestResult(
                     room=room, status=st.name if verified is not False else "Failed", pages=len(pages),
                     bytes=len(pages) * sum(self.args.kv_item_lens) if ok else 0,
                     latency_s=done - ts, reason=reason,
-                    checksum=getattr(mgr, "checksum_results", {}).get(room), verified=verified))
-                self.allocator.free(pages)
-                recv.clear()
+                    checksum=checksum, verified=verified, release=release))
                 del inflight[room]
                 changed = True
             if inflight and not changed:
@@ -449,7 +545,10 @@ class DecodeWorker:
                     status_table.wait_for_change(version, 0.02)
                 else:
                     time.sleep(0.001)
-        return _finish(res, self.allocator, t0, first_send, last_done)
+        self.release_quarantined()
+        out = _finish(res, self.allocator, t0, first_send, last_done)
+        out.quarantined_pages = sum(len(h.pages) for h in self.quarantine)
+        return out
 
     def close(self) -> None:
         self.mgr.close()

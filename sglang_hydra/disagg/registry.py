@@ -135,13 +135,10 @@ def _unavailable(message: str) -> Loader:
 
 
 def _nixl_loader() -> BackendClasses:
-    try:
-        from nixl._api import nixl_agent  # noqa: F401
-    except ImportError as e:
-        raise BackendUnavailableError(
-            "the 'nixl' transfer backend needs the NIXL Python package: `pip install --no-deps nixl-cu12` "
-            "after a CPU torch (never the meta package `nixl`, which pulls CUDA torch); "
-            f"import failed: {e}") from e
+    # imports nixl (nixl._api, else nixl_cu12._api); BackendUnavailableError naming
+    # `pip install --no-deps nixl-cu12==1.5.1 nixl==1.5.1` when neither imports
+    from .backends.nixl import import_nixl_api
+    import_nixl_api()
     return _module_loader("nixl", "Nixl")()
 
 

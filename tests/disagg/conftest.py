@@ -17,7 +17,13 @@ def mooncake_importable() -> bool:
     return mooncake_available()
 
 
-BACKENDS = ["zmq"] + (["mooncake"] if mooncake_importable() else [])
+def nixl_importable() -> bool:
+    from sglang_hydra.disagg.backends.nixl import nixl_available
+    return nixl_available()
+
+
+# Every real backend that imports here runs the shared transfer and fault tests.
+BACKENDS = ["zmq"] + (["mooncake"] if mooncake_importable() else []) + (["nixl"] if nixl_importable() else [])
 
 
 @pytest.fixture

@@ -54,3 +54,59 @@ class ReversingAllocator:
     @property
     def used(self):
         return self.inner.used
+
+
+class RecordingAllocator:
+    """Passes through to ``inner`` and remembers every allocation, in order."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.allocs = []
+
+    def alloc(self, n):
+        p = self.inner.alloc(n)
+        if p is not None:
+            self.allocs.append(list(p))
+        return p
+
+    def free(self, pages):
+        self.inner.free(pages)
+
+    def check_invariants(self):
+        self.inner.check_invariants()
+
+    @property
+    def used(self):
+        return self.inner.used
+
+
+class FifoAllocator:
+    """An allocator wrapper that hands freed pages out again only when nothing else is left.
+
+    Used on prefill in the late-write tests: the source pages of an aborted request then still
+    hold its data when its slow write finally reads them (with LIFO reuse they would already
+    carry the next request's data, and the late write would be indistinguishable from it).
+    """
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.cooling = []   # freed by the caller, not yet given back to ``inner``
+
+    def alloc(self, n):
+        p = self.inner.alloc(n)
+        if p is None and self.cooling:
+            self.inner.free(self.cooling)
+            self.cooling = []
+            p = self.inner.alloc(n)
+        return p
+
+    def free(self, pages):
+        self.cooling.extend(int(p) for p in pages)
+
+    def check_invariants(self):
+        self.inner.check_invariants()
+        assert len(set(self.cooling)) == len(self.cooling), "a page was freed twice"
+
+    @property
+    def used(self):
+        return self.inner.used - len(self.cooling)

@@ -110,3 +110,6 @@ class FakeKVReceiver(BaseKVReceiver):
 
     def ensure_abort_notified(self) -> None:
         pass
+
+    def is_abort_release_safe(self) -> bool:
+        return True   # nothing is ever written

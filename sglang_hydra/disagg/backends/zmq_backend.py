@@ -29,6 +29,10 @@ def _view(addr: int, nbytes: int) -> memoryview:
 
 class ZmqKVManager(CommonKVManager):
     backend_name = "zmq"
+    # decode's own receive thread does every write, and only into pages of rooms that are still
+    # waiting or transferring; data of a failed or cleared room is drained and dropped. So a
+    # failed request's pages can go back to the allocator at once (no deferred release needed).
+    late_writes_possible = False
 
     def init_engine(self) -> None:
         self._acks: Dict[int, Tuple[threading.Event, list]] = {}

@@ -1,0 +1,163 @@
+"""The optional ``nixl`` transfer backend (NIXL agents, UCX over loopback).
+
+The transfer tests skip when NIXL is not importable here (install it with
+``pip install --no-deps nixl-cu12==1.5.1 nixl==1.5.1`` after a CPU torch); the clear-error
+and configuration tests always run.
+"""
+import dataclasses
+import sys
+import time
+
+import pytest
+
+from sglang_hydra.disagg.states import KVPoll
+
+from .conftest import make_rec
+from .helpers import assert_clean, decode_worker, serving_prefill
+
+
+def _nixl_importable() -> bool:
+    from sglang_hydra.disagg.backends.nixl import nixl_available
+    return nixl_available()
+
+
+needs_nixl = pytest.mark.skipif(not _nixl_importable(),
+                                reason="NIXL not importable (pip install --no-deps nixl-cu12==1.5.1 nixl==1.5.1)")
+INSTALL = "pip install --no-deps nixl-cu12==1.5.1 nixl==1.5.1"
+
+
+def _statuses(res):
+    return {r.room: r.status for r in res.requests}
+
+
+# ----------------------------------------------------------------------------- always run
+def test_missing_nixl_gives_clear_error(monkeypatch):
+    from sglang_hydra.disagg import registry
+    from sglang_hydra.disagg.pd import PrefillWorker
+    for mod in ("nixl", "nixl._api", "nixl_cu12", "nixl_cu12._api"):
+        monkeypatch.setitem(sys.modules, mod, None)   # `import` of these now raises ImportError
+    monkeypatch.setattr(registry, "_CACHE", {})
+    with pytest.raises(registry.BackendUnavailableError) as ei:
+        registry.backend_classes("nixl")
+    msg = str(ei.value)
+    assert INSTALL in msg and "nixl-cu12" in msg and "import failed" in msg
+    assert registry.backend_available("nixl") is False
+    with pytest.raises(registry.BackendUnavailableError, match="nixl-cu12==1.5.1"):
+        PrefillWorker(make_rec("nixl"), bootstrap_port=0)
+
+
+def test_ucx_env_defaults(monkeypatch):
+    from sglang_hydra.disagg.backends import nixl as nb
+    for k in ("UCX_NET_DEVICES", "UCX_MODULES"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(nb, "_has_rdma", lambda: False)
+    assert nb.apply_ucx_env_defaults("127.0.0.1", None) == {"UCX_NET_DEVICES": "lo", "UCX_MODULES": "cma"}
+    # user settings win; a non-loopback host or an IB device keeps UCX's device choice
+    monkeypatch.setenv("UCX_MODULES", "all")
+    monkeypatch.delenv("UCX_NET_DEVICES")
+    assert nb.apply_ucx_env_defaults("10.1.2.3", None) == {}
+    assert nb.apply_ucx_env_defaults("127.0.0.1", "mlx5_0") == {}
+    assert nb.apply_ucx_env_defaults("127.0.0.1", None, backend="LIBFABRIC") == {}
+    monkeypatch.delenv("UCX_MODULES")
+    monkeypatch.setattr(nb, "_has_rdma", lambda: True)
+    assert nb.apply_ucx_env_defaults("::1", None) == {"UCX_NET_DEVICES": "lo"}
+
+
+def test_backend_params_env(monkeypatch):
+    from sglang_hydra.disagg.backends.nixl import backend_params_from_env
+    monkeypatch.delenv("SGLANG_DISAGGREGATION_NIXL_BACKEND", raising=False)
+    monkeypatch.delenv("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", raising=False)
+    assert backend_params_from_env() == ("UCX", {})
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_NIXL_BACKEND", "LIBFABRIC")
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", '{"num_threads": "2"}')
+    assert backend_params_from_env() == ("LIBFABRIC", {"num_threads": "2"})
+    for bad in ('{"num_threads": 2}', "[1]", "{nope"):
+        monkeypatch.setenv("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", bad)
+        with pytest.raises(ValueError, match="SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS"):
+            backend_params_from_env()
+
+
+# ----------------------------------------------------------------------------- real NIXL
+@needs_nixl
+def test_unknown_nixl_plugin_is_refused(fast_env):
+    fast_env.setenv("SGLANG_DISAGGREGATION_NIXL_BACKEND", "NO_SUCH_PLUGIN")
+    with pytest.raises(ValueError, match="NO_SUCH_PLUGIN.*Available"):
+        with decode_worker(make_rec("nixl")):
+            pass
+
+
+@needs_nixl
+def test_in_process_transfer_verified(fast_env):
+    rec = make_rec("nixl", checksum=True)
+    with serving_prefill(rec) as (p, out), decode_worker(rec) as d:
+        # fragment decode's free list so destination pages do not line up with source pages
+        hold = d.allocator.alloc(20)
+        d.allocator.free(hold[::2])
+        res = d.fetch(p.bootstrap_addr, list(range(1, 13)), 4, timeout=30)
+        d.allocator.free(hold[1::2])
+        res.pages_in_use_after = d.allocator.used
+        assert not d.mgr._pending
+    assert [r.status for r in res.requests] == ["Success"] * 12, [r.reason for r in res.requests]
+    assert all(r.verified and r.checksum for r in res.requests)
+    assert_clean(res)
+    assert out["res"].succeeded == 12
+    assert_clean(out["res"])
+
+
+@needs_nixl
+def test_run_pair_two_processes():
+    from sglang_hydra.disagg.pd import run_pair
+    rec = make_rec("nixl", checksum=True)
+    t0 = time.monotonic()
+    r = run_pair(rec, requests=16, pages_per_request=8, timeout=90)
+    assert time.monotonic() - t0 < 90
+    assert r.errors == [] and r.failed == 0 and r.succeeded == 16, (r.errors, r.failures)
+    assert r.backend == "nixl" and r.bytes_moved == 16 * 8 * r.decode.registration["bytes_per_page"]
+    assert all(x.verified for x in r.decode.requests)            # byte-for-byte on decode
+    assert r.checksum_checked == 16 and r.checksum_mismatches == 0
+    assert r.prefill.succeeded == 16
+    assert_clean(r.prefill)
+    assert_clean(r.decode)
+
+
+@needs_nixl
+def test_write_outside_registered_memory_fails_then_recovers(fast_env):
+    """NIXL refuses descriptors outside decode's registered buffers: that room fails, the rest go on."""
+    rec = make_rec("nixl")
+    with serving_prefill(rec) as (p, out), decode_worker(rec) as d:
+        res = d.fetch(p.bootstrap_addr, [1, 2, 3], 4, timeout=30, bad_page_rooms=[2], max_inflight=1)
+        later = d.fetch(p.bootstrap_addr, [4], 4, timeout=30)
+    assert _statuses(res) == {1: "Success", 2: "Failed", 3: "Success"}
+    bad = [r for r in res.requests if r.room == 2][0]
+    assert "Failed to send kv chunk" in bad.reason and "NIXL" in bad.reason
+    assert later.requests[0].status == "Success" and later.requests[0].verified
+    assert_clean(res)
+    assert _statuses(out["res"]) == {1: "Success", 2: "Failed", 3: "Success", 4: "Success"}
+    assert_clean(out["res"])
+
+
+@needs_nixl
+def test_decode_killed_fails_room_and_prefill_keeps_serving(fast_env, peers):
+    fast_env.setenv("SGLANG_HYDRA_TEST_DISAGG_TRANSFER_DELAY", "1.0")
+    rec = make_rec("nixl")
+    with serving_prefill(rec) as (p, out):
+        dead = peers("decode", "--backend", "nixl", "--prefill", p.bootstrap_addr, "--rooms", "1", "--pages", "4")
+        deadline = time.monotonic() + 20
+        while 1 not in p.mgr.transfer_infos:
+            assert time.monotonic() < deadline, "decode never sent its metadata"
+            time.sleep(0.02)
+        dead.kill()
+        deadline = time.monotonic() + 15           # delay 1 s + send timeout 2 s (+ settle), with margin
+        while p.mgr.status.get(1) not in (None, KVPoll.Failed):
+            assert time.monotonic() < deadline, f"room 1 still {p.mgr.status.get(1)}"
+            time.sleep(0.05)
+        p.mgr.env = dataclasses.replace(p.mgr.env, test_transfer_delay=0.0)
+        live = peers("decode", "--backend", "nixl", "--prefill", p.bootstrap_addr, "--rooms", "2,3", "--pages", "4")
+        got = live.expect("RESULT", 60)
+    assert {r["room"]: r["status"] for r in got["requests"]} == {2: "Success", 3: "Success"}
+    assert all(r["verified"] for r in got["requests"])
+    res = out["res"]
+    st = _statuses(res)
+    assert st[1] == "Failed" and st[2] == st[3] == "Success"
+    assert "Failed to send kv chunk" in [r for r in res.requests if r.room == 1][0].reason
+    assert_clean(res)
