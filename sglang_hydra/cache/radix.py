@@ -27,7 +27,7 @@ tree of ``replay_rules.md``.
 from __future__ import annotations
 
 from heapq import heappop, heappush
-from typing import Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Hashable, Iterator, List, Optional, Sequence, Tuple
 
 __all__ = [
     "TreeNode",

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import os
 import re
 from dataclasses import dataclass, field, fields as dc_fields
 from pathlib import Path

@@ -36,7 +36,6 @@ import random
 import threading
 import time
 import uuid
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 

@@ -24,7 +24,6 @@ import multiprocessing as mp
 import os
 import queue as queue_mod
 import socket
-import statistics
 import threading
 import time
 from collections import deque

@@ -7,7 +7,6 @@ The one switch point is :func:`setup_error`.  This module never imports torch.
 """
 from __future__ import annotations
 
-from typing import Optional
 
 try:  # the config layer's error type, when present
     from sglang_hydra.config.errors import ConfigError as _Base, problem_for as _problem_for

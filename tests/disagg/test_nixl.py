@@ -50,7 +50,7 @@ def test_ucx_env_defaults(monkeypatch):
     from sglang_hydra.disagg.backends import nixl as nb
     for k in ("UCX_NET_DEVICES", "UCX_MODULES"):
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr(nb, "_has_rdma", lambda: False)
+    monkeypatch.setattr(nb, "has_rdma_devices", lambda: False)
     assert nb.apply_ucx_env_defaults("127.0.0.1", None) == {"UCX_NET_DEVICES": "lo", "UCX_MODULES": "cma"}
     # user settings win; a non-loopback host or an IB device keeps UCX's device choice
     monkeypatch.setenv("UCX_MODULES", "all")
@@ -59,7 +59,7 @@ def test_ucx_env_defaults(monkeypatch):
     assert nb.apply_ucx_env_defaults("127.0.0.1", "mlx5_0") == {}
     assert nb.apply_ucx_env_defaults("127.0.0.1", None, backend="LIBFABRIC") == {}
     monkeypatch.delenv("UCX_MODULES")
-    monkeypatch.setattr(nb, "_has_rdma", lambda: True)
+    monkeypatch.setattr(nb, "has_rdma_devices", lambda: True)
     assert nb.apply_ucx_env_defaults("::1", None) == {"UCX_NET_DEVICES": "lo"}
 
 

@@ -4,7 +4,6 @@ and every writer of ``disable_radix_cache``)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from ..resolve import Resolving, rule

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..addressing import split_batches
+from .native import has_rdma_devices, with_deadline
 from ..common import CommonKVBootstrapServer, CommonKVManager, CommonKVReceiver, CommonKVSender
 
 logger = logging.getLogger("sglang_hydra.disagg.mooncake")
@@ -58,32 +58,6 @@ def mooncake_available() -> bool:
         return False
 
 
-def _has_rdma() -> bool:
-    try:
-        return bool(os.listdir("/sys/class/infiniband"))
-    except OSError:
-        return False
-
-
-def _with_deadline(fn, timeout: float, what: str):
-    box: List[Any] = []
-
-    def run():
-        try:
-            box.append(("ok", fn()))
-        except BaseException as e:  # propagate to the caller
-            box.append(("err", e))
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    if not box:
-        raise TimeoutError(f"{what} did not finish within {timeout}s "
-                           "(SGLANG_DISAGGREGATION_ENGINE_INIT_TIMEOUT)")
-    kind, val = box[0]
-    if kind == "err":
-        raise val
-    return val
 
 
 _BAD_BATCH = 1 << 63   # transfer_submit_write returns 0 (or an unsigned -1) when nothing was posted
@@ -112,10 +86,10 @@ class MooncakeKVManager(CommonKVManager):
         TransferEngine = import_engine()
         self.engine = TransferEngine()
         force_tcp = os.environ.get("MC_FORCE_TCP", "").lower() in ("1", "true", "yes")
-        protocol = os.environ.get("MOONCAKE_PROTOCOL") or ("rdma" if _has_rdma() and not force_tcp else "tcp")
+        protocol = os.environ.get("MOONCAKE_PROTOCOL") or ("rdma" if has_rdma_devices() and not force_tcp else "tcp")
         device = "" if force_tcp else (self.args.ib_device or "")
-        rc = _with_deadline(lambda: self.engine.initialize(self.host, "P2PHANDSHAKE", protocol, device),
-                            self.env.engine_init_timeout, "Mooncake engine initialize")
+        rc = with_deadline(lambda: self.engine.initialize(self.host, "P2PHANDSHAKE", protocol, device),
+                           self.env.engine_init_timeout, "Mooncake engine initialize", thread_name="mooncake-init")
         if rc != 0:
             raise RuntimeError(f"Mooncake Transfer Engine initialization failed (rc={rc}).")
         self.mc_session = f"{self.host}:{self.engine.get_rpc_port()}"

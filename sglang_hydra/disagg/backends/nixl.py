@@ -89,6 +89,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .native import has_rdma_devices, with_deadline
 from ..common import CommonKVBootstrapServer, CommonKVManager, CommonKVReceiver, CommonKVSender
 from ..states import KVPoll
 
@@ -128,12 +129,6 @@ def nixl_available() -> bool:
         return False
 
 
-def _has_rdma() -> bool:
-    try:
-        return bool(os.listdir("/sys/class/infiniband"))
-    except OSError:
-        return False
-
 
 def _is_loopback(host: str) -> bool:
     if host in ("localhost", ""):
@@ -151,7 +146,7 @@ def apply_ucx_env_defaults(host: str, ib_device: Optional[str], backend: str = D
         return applied
     if "UCX_NET_DEVICES" not in os.environ and not ib_device and _is_loopback(host):
         os.environ["UCX_NET_DEVICES"] = applied["UCX_NET_DEVICES"] = "lo"
-    if "UCX_MODULES" not in os.environ and not _has_rdma():
+    if "UCX_MODULES" not in os.environ and not has_rdma_devices():
         os.environ["UCX_MODULES"] = applied["UCX_MODULES"] = "cma"
     return applied
 
@@ -168,25 +163,6 @@ def backend_params_from_env() -> Tuple[str, Dict[str, str]]:
                          "with string keys and string values")
     return backend, params
 
-
-def _with_deadline(fn, timeout: float, what: str):
-    box: List[Any] = []
-
-    def run():
-        try:
-            box.append(("ok", fn()))
-        except BaseException as e:  # propagate to the caller
-            box.append(("err", e))
-
-    t = threading.Thread(target=run, daemon=True, name="nixl-init")
-    t.start()
-    t.join(timeout)
-    if not box:
-        raise TimeoutError(f"{what} did not finish within {timeout}s (SGLANG_DISAGGREGATION_ENGINE_INIT_TIMEOUT)")
-    kind, val = box[0]
-    if kind == "err":
-        raise val
-    return val
 
 
 def _name(x) -> str:
@@ -264,7 +240,7 @@ class NixlKVManager(CommonKVManager):
             agent.create_backend(backend, params)
             return agent
 
-        self.agent = _with_deadline(create, self.env.engine_init_timeout, f"NIXL agent / create_backend({backend})")
+        self.agent = with_deadline(create, self.env.engine_init_timeout, f"NIXL agent / create_backend({backend})", thread_name="nixl-init")
         self.nixl_backend = backend
         pairs = sorted({(p, n) for p, n in zip(self.args.kv_data_ptrs, self.args.kv_data_lens) if n > 0})
         self._reg_descs = self.agent.register_memory([(p, n, 0, "") for p, n in pairs], "DRAM") if pairs else None
