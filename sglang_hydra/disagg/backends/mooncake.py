@@ -13,7 +13,7 @@ How writes are posted. The reference calls ``batch_transfer_sync_write`` once pe
 engine that call (like ``get_batch_transfer_status``) waits by spinning on the batch status with
 the GIL released: one core stays busy for the whole transfer. On a 2-core host that core is
 taken from the engine's own TCP threads and from the decode process, and the transfer slows
-down 2-4x (measured, see docs/fragments/disagg.md). So each entry is posted with
+down 2-4x (measured, see docs/notes/disagg.md). So each entry is posted with
 ``transfer_submit_write`` (a one-entry batch) and completion is polled with
 ``transfer_check_status`` (which does not wait, and frees the batch once it is final) by the
 common transfer worker, which sleeps between polls and keeps several requests in flight.
