@@ -35,15 +35,14 @@ def assert_clean(side):
     assert side.pages_in_use_after == 0
 
 
-class ReversingAllocator:
-    """Hands out pages in descending order so no two destination pages form a run."""
+class _WrappedAllocator:
+    """Delegates to ``inner``; subclasses change what ``alloc`` hands out or remember it."""
 
     def __init__(self, inner):
         self.inner = inner
 
     def alloc(self, n):
-        p = self.inner.alloc(n)
-        return None if p is None else list(reversed(p))
+        return self.inner.alloc(n)
 
     def free(self, pages):
         self.inner.free(pages)
@@ -56,11 +55,19 @@ class ReversingAllocator:
         return self.inner.used
 
 
-class RecordingAllocator:
+class ReversingAllocator(_WrappedAllocator):
+    """Hands out pages in descending order so no two destination pages form a run."""
+
+    def alloc(self, n):
+        p = self.inner.alloc(n)
+        return None if p is None else list(reversed(p))
+
+
+class RecordingAllocator(_WrappedAllocator):
     """Passes through to ``inner`` and remembers every allocation, in order."""
 
     def __init__(self, inner):
-        self.inner = inner
+        super().__init__(inner)
         self.allocs = []
 
     def alloc(self, n):
@@ -68,16 +75,6 @@ class RecordingAllocator:
         if p is not None:
             self.allocs.append(list(p))
         return p
-
-    def free(self, pages):
-        self.inner.free(pages)
-
-    def check_invariants(self):
-        self.inner.check_invariants()
-
-    @property
-    def used(self):
-        return self.inner.used
 
 
 class FifoAllocator:
