@@ -92,10 +92,10 @@ CASES = {
 }
 
 
-def _run_matrix(rec, big_host, io, min_run_bytes=None, cases=None, stage_bytes=None):
+def _run_matrix(rec, big_host, io, min_run_bytes=None, cases=None, stage_bytes=None, device=None):
     gen = torch.Generator().manual_seed(1)
     cases = CASES if cases is None else cases
-    with build_memory(rec, host_memory=big_host, strict_io=False) as m:
+    with build_memory(rec, device=device, host_memory=big_host, strict_io=False) as m:
         # the record's rules may rewrite io for a layout (M-HC8); the matrix wants both
         x = make_transfer(m.device_pool, m.host_pool, io)
         assert x.effective == io, x.describe()
