@@ -235,27 +235,39 @@ def _checksum(data) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-def _parse_page(data: bytes, page_bytes: int = 0):
-    """``(problem or None, payload)`` of one page file's bytes (header + payload)."""
-    if len(data) < _HDR.size:
-        return "truncated header", b""
-    magic, n, cs = _HDR.unpack_from(data)
-    payload = data[_HDR.size:]
-    if magic != _MAGIC:
-        return "bad magic", payload
-    if len(payload) != n:
-        return f"truncated ({len(payload)} of {n} payload bytes)", payload
-    if page_bytes and n != page_bytes:
-        return f"wrong page size {n} (expected {page_bytes})", payload
-    if _checksum(payload) != cs:
-        return "checksum mismatch", payload
-    return None, payload
+def read_page_file(path, page_bytes: int = 0):
+    """``(problem or None, payload tensor)`` of one ``file`` backend page.
+
+    The header is checked against the file size before the payload is read, and the
+    payload is read straight into the tensor it is returned in (one copy)."""
+    with open(path, "rb", buffering=0) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        hdr = fh.read(_HDR.size)
+        if len(hdr) < _HDR.size:
+            return "truncated header", None
+        magic, n, cs = _HDR.unpack(hdr)
+        if magic != _MAGIC:
+            return "bad magic", None
+        if size - _HDR.size != n:
+            return f"truncated ({size - _HDR.size} of {n} payload bytes)", None
+        if page_bytes and n != page_bytes:
+            return f"wrong page size {n} (expected {page_bytes})", None
+        out = torch.empty(n, dtype=torch.uint8)
+        view = memoryview(out.numpy())
+        got = 0
+        while got < n:
+            k = fh.readinto(view[got:])
+            if not k:
+                return f"truncated ({got} of {n} payload bytes)", None
+            got += k
+    if _checksum(view) != cs:
+        return "checksum mismatch", None
+    return None, out
 
 
 def check_page_file(path, page_bytes: int = 0) -> Optional[str]:
     """What is wrong with the ``file`` backend page at ``path`` (None: intact)."""
-    with open(path, "rb") as fh:
-        return _parse_page(fh.read(), page_bytes)[0]
+    return read_page_file(path, page_bytes)[0]
 
 
 class FileStorage(StorageBackend):
@@ -405,7 +417,7 @@ class FileStorage(StorageBackend):
         self.stats["get"] += 1
         p = self.path(key)
         try:
-            bad, out = self._read_page(p)
+            bad, out = read_page_file(p, self.config.page_bytes)
         except FileNotFoundError:
             self.stats["get_miss"] += 1
             return None
@@ -425,33 +437,6 @@ class FileStorage(StorageBackend):
             if key in self._lru:
                 self._lru.move_to_end(key)
         return out
-
-    def _read_page(self, path):
-        """``(problem or None, payload tensor)``; the payload is read straight into the tensor
-        it is returned in (one copy), after the header was checked against the file size."""
-        with open(path, "rb", buffering=0) as fh:
-            size = os.fstat(fh.fileno()).st_size
-            hdr = fh.read(_HDR.size)
-            if len(hdr) < _HDR.size:
-                return "truncated header", None
-            magic, n, cs = _HDR.unpack(hdr)
-            if magic != _MAGIC:
-                return "bad magic", None
-            if size - _HDR.size != n:
-                return f"truncated ({size - _HDR.size} of {n} payload bytes)", None
-            if self.config.page_bytes and n != self.config.page_bytes:
-                return f"wrong page size {n} (expected {self.config.page_bytes})", None
-            out = torch.empty(n, dtype=torch.uint8)
-            view = memoryview(out.numpy())
-            got = 0
-            while got < n:
-                k = fh.readinto(view[got:])
-                if not k:
-                    return f"truncated ({got} of {n} payload bytes)", None
-                got += k
-        if _checksum(view) != cs:
-            return "checksum mismatch", None
-        return None, out
 
     def delete(self, key):
         with self._lock:
