@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .buffers import (KVBufferSource, PageAllocator, TensorKVBuffers, allocator_for, buffers_from_memory,
-                      dtype_for, kv_args_from_source)
+                      kv_args_from_source)
 from .envs import DisaggEnv
 from .registry import backend_classes, resolve_backend_name
 from .states import TERMINAL, KVPoll
@@ -132,7 +132,8 @@ class PairResult:
 # ------------------------------------------------------------------------------------ KV memory
 @dataclass(frozen=True)
 class KVGeometry:
-    """Shape of the KV buffers a side allocates when no memory pool is given."""
+    """Shape of plain KV buffers for a side that should not build the record's memory pools
+    (benchmarks and tests choose it); by default a side uses ``build_memory(record)``."""
     num_layers: int
     head_num: int
     head_dim: int
@@ -141,19 +142,6 @@ class KVGeometry:
     dtype: str = "bfloat16"
     reserve_page0: bool = True
     kv_split: bool = True
-
-    @classmethod
-    def from_record(cls, record, num_pages: Optional[int] = None) -> "KVGeometry":
-        ps = int(getattr(record, "page_size", 1) or 1)
-        if num_pages is None:
-            tokens = getattr(record, "max_total_tokens", None) or 65536
-            num_pages = max(1, int(tokens) // ps)
-        kv_dtype = str(getattr(record, "kv_cache_dtype", "auto"))
-        dt = dtype_for(kv_dtype, str(getattr(record, "dtype", "auto")))
-        return cls(num_layers=int(getattr(record, "num_hidden_layers", None) or 2),
-                   head_num=int(getattr(record, "num_key_value_heads", None) or 2),
-                   head_dim=int(getattr(record, "head_dim", None) or 16), page_size=ps,
-                   num_pages=num_pages, dtype=str(dt).replace("torch.", ""))
 
     def build(self) -> TensorKVBuffers:
         return TensorKVBuffers(num_layers=self.num_layers, num_pages=self.num_pages, page_size=self.page_size,
@@ -169,18 +157,25 @@ class KVGeometry:
 def build_kv_source(record, geometry: Optional[KVGeometry] = None) -> Tuple[KVBufferSource, Any]:
     """KV buffers + allocator: the real pools from ``sglang_hydra.memory`` when available."""
     if geometry is None:
-        try:
-            from sglang_hydra.memory import build_memory  # type: ignore
-        except ImportError:
-            build_memory = None
-        if build_memory is not None:
-            memory = build_memory(record)
-            source = buffers_from_memory(memory)
-            source._memory = memory  # keep the pools alive as long as the source
-            return source, allocator_for(memory)
-        geometry = KVGeometry.from_record(record)
+        from sglang_hydra.memory import build_memory
+
+        memory = build_memory(record)
+        source = buffers_from_memory(memory)
+        source._memory = memory  # keep the pools alive as long as the source
+        return source, allocator_for(memory)
     buf = geometry.build()
     return buf, buf.make_allocator()
+
+
+def _kv_side(record, source: Optional[KVBufferSource], allocator, geometry: Optional[KVGeometry]):
+    """One side's KV buffers, their page allocator and the backend's KVArgs (given or built)."""
+    if source is None:
+        source, allocator = build_kv_source(record, geometry)
+    if allocator is None:
+        allocator = PageAllocator(source.contiguous_buffers()[0][1].shape[0] // source.page_size - 1)
+    args = kv_args_from_source(source, kv_cache_dtype=str(record.kv_cache_dtype),
+                               ib_device=record.disaggregation_ib_device)
+    return source, allocator, args
 
 
 def _pattern(room: int, buf: int, nbytes: int) -> torch.Tensor:
@@ -245,12 +240,7 @@ class PrefillWorker:
             raise AssertionError("Prefill server does not support 'fake' as the transfer backend")
         self.backend = name
         classes = backend_classes(name)
-        if source is None:
-            source, allocator = build_kv_source(record, geometry)
-        self.source, self.allocator = source, allocator or PageAllocator(
-            source.contiguous_buffers()[0][1].shape[0] // source.page_size - 1)
-        self.args = kv_args_from_source(source, kv_cache_dtype=str(record.kv_cache_dtype),
-                                        ib_device=record.disaggregation_ib_device)
+        self.source, self.allocator, self.args = _kv_side(record, source, allocator, geometry)
         port = record.disaggregation_bootstrap_port if bootstrap_port is None else bootstrap_port
         self.server = None
         if classes.bootstrap_server is not None:
@@ -376,12 +366,7 @@ class DecodeWorker:
         name = resolve_backend_name(record.disaggregation_transfer_backend)
         self.backend = name
         self.classes = backend_classes(name)
-        if source is None:
-            source, allocator = build_kv_source(record, geometry)
-        self.source, self.allocator = source, allocator or PageAllocator(
-            source.contiguous_buffers()[0][1].shape[0] // source.page_size - 1)
-        self.args = kv_args_from_source(source, kv_cache_dtype=str(record.kv_cache_dtype),
-                                        ib_device=record.disaggregation_ib_device)
+        self.source, self.allocator, self.args = _kv_side(record, source, allocator, geometry)
         self.mgr = self.classes.manager(self.args, "decode", record, host=host, env=env)
         self.fake = name == "fake"
         self.quarantine: List[_Held] = []
