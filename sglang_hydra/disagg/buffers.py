@@ -21,14 +21,6 @@ class KVBufferSource(Protocol):
         ...
 
 
-_DTYPES = {
-    "auto": torch.bfloat16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "fp8_e4m3": torch.uint8, "fp8_e5m2": torch.uint8, "fp8": torch.uint8, "int8": torch.uint8,
-}
-
-
 class TensorKVBuffers:
     """K buffers for every layer then V buffers for every layer, each ``(rows, heads, dim)``.
 
@@ -176,11 +168,6 @@ def buffers_from_memory(memory: Any) -> KVBufferSource:
     if ps is None:
         raise TypeError("cannot find page_size on the memory object or its device pool")
     return _MemoryAdapter(pool, int(ps))
-
-
-def dtype_for(kv_cache_dtype: str, fallback: str = "auto") -> torch.dtype:
-    key = kv_cache_dtype if kv_cache_dtype != "auto" else fallback
-    return _DTYPES.get(key, torch.bfloat16)
 
 
 class PoolAllocatorAdapter:
