@@ -3,6 +3,7 @@ whether caching can run at all (geometry from a checkpoint, device detection, pa
 and every writer of ``disable_radix_cache``)."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -126,7 +127,9 @@ def cpu_attention_default(cfg: Resolving) -> None:
     cfg.declare(attention_backend=backend)
 
 
+@functools.lru_cache(maxsize=1)
 def _has_intel_amx() -> bool:
+    """Probed once per process: every CPU record would otherwise re-read /proc/cpuinfo."""
     import importlib.util
     import platform
 
