@@ -36,6 +36,13 @@ def _setup_logging() -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from .config.compose import build_command
+    from .config.deploy import deployment_request
+
+    deployment = deployment_request(argv)      # deploy=..., prefill.*/decode.* or such --config sections
+    if deployment is not None:
+        if not deployment.is_plain_single():
+            return _deployment(deployment)
+        argv = deployment.shared_argv          # a bare deploy=single is the ordinary single run
 
     try:
         cmd, hydra_flags = build_command(argv=argv, allow_sweep=True)
@@ -61,13 +68,34 @@ def _direct(cmd) -> int:
         composed = compose_with_hydra(cmd) if needs_hydra(cmd) and not cmd.problems else \
             compose_values(cmd, raise_problems=False)
         record = resolve(composed.values, explicit=composed.explicit, prior=composed.problems)
-        run_job(composed.job_name, record, composed.job, JobContext())
+        return _job_status(run_job(composed.job_name, record, composed.job, JobContext()))
     except ConfigError as err:
         _print_problems(err)
         return EXIT_CONFIG
     except KeyboardInterrupt:
         return _interrupted()
-    return 0
+
+
+def _job_status(result) -> int:
+    """A job may return its exit status (job=launch returns its failed server's); others return data."""
+    return result if type(result) is int else 0
+
+
+def _deployment(request) -> int:
+    """A deploy=pd command (or a --config file with deployment sections): both sides, then the job."""
+    from .config.deploy import compose_deployment
+    from .jobs.context import JobContext
+    from .jobs.runner import run_job
+
+    _setup_logging()
+    try:
+        target, job_name, job = compose_deployment(request)
+        return _job_status(run_job(job_name, target, job, JobContext()))
+    except ConfigError as err:
+        _print_problems(err)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        return _interrupted()
 
 
 def _hydra_main(cmd, hydra_flags: List[str]) -> int:
@@ -97,7 +125,10 @@ def _hydra_main(cmd, hydra_flags: List[str]) -> int:
         multirun = str(hc.mode) == "RunMode.MULTIRUN"
         from pathlib import Path
         ctx = JobContext(output_dir=Path(hc.runtime.output_dir), multirun=multirun, overrides=tuple(task_overrides))
-        return run_job(composed.job_name, record, composed.job, ctx)
+        result = run_job(composed.job_name, record, composed.job, ctx)
+        if _job_status(result):
+            raise SystemExit(_job_status(result))
+        return result
 
     app = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)
     saved = sys.argv

@@ -21,11 +21,32 @@ def render(record, fmt: str) -> str:
     return yaml.safe_dump(values, sort_keys=False, default_flow_style=None, width=120)
 
 
+def render_deployment(dep, fmt: str) -> str:
+    """A PD deployment: both records (yaml/json) or each side's flags and the router's (argv)."""
+    from ..config.deploy import router_argv
+
+    if fmt == "argv":
+        import shlex
+        lines = [f"{s.role}: {render(s.record, 'argv')}" for s in dep.servers]
+        return "\n".join(lines + [f"router: {shlex.join(router_argv(dep))}"]) + "\n"
+    data = {"deploy": dep.name, **{s.role: s.record.to_dict() for s in dep.servers}}
+    if dep.router is not None:
+        r = dep.router
+        data["router"] = {"host": r.host, "port": r.port, "prometheus_port": r.prometheus_port,
+                          "policy": r.policy, "extra_args": list(r.extra_args), "url": r.url}
+    if fmt == "json":
+        return json.dumps(data, indent=2)
+    import yaml
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
+
+
 def run(record, job: dict, ctx: JobContext) -> dict:
-    text = render(record, job.get("format", "yaml"))
+    from ..config.deploy import Deployment
+    fmt = job.get("format", "yaml")
+    text = render_deployment(record, fmt) if isinstance(record, Deployment) else render(record, fmt)
     print(text if text.endswith("\n") else text + "\n", end="")
     if job.get("output"):
         atomic_write(job["output"], text)
-    if ctx.multirun:
+    if ctx.multirun and not isinstance(record, Deployment):
         ctx.write_text("record.yaml", render(record, "yaml"))
     return {}

@@ -73,6 +73,20 @@ class PdPairJob:
     format: str = "table"                # table | json
 
 
+@dataclass
+class LaunchJob:
+    """Start the SGLang server(s) of the record or deployment, supervise them, stop them together."""
+
+    name: str = "launch"
+    python: Optional[str] = None             # the interpreter that has SGLang (None: this one)
+    server_module: str = "sglang.launch_server"
+    router_python: Optional[str] = None      # the interpreter that has sglang-router (None: job.python)
+    router_module: str = "sglang_router.launch_router"
+    health_timeout: float = 1800.0           # seconds for each server (then the router) to answer /health
+    stop_timeout: float = 30.0               # seconds between SIGTERM and SIGKILL when stopping
+    dry_run: bool = False                    # print the command lines, start nothing
+
+
 @dataclass(frozen=True)
 class JobSpec:
     config_cls: type
@@ -88,4 +102,5 @@ JOB_SPECS: Dict[str, JobSpec] = {
         "mode": ("metadata", "full")}),
     "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd:run_side"),
     "pd_pair": JobSpec(PdPairJob, "sglang_hydra.jobs.pd:run_pair", {"format": ("table", "json")}),
+    "launch": JobSpec(LaunchJob, "sglang_hydra.jobs.launch:run"),
 }

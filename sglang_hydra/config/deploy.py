@@ -1,0 +1,586 @@
+"""Deployments: one server (``deploy=single``) or a prefill/decode pair behind a router (``deploy=pd``).
+
+A PD deployment is two full records composed from one command line.  Everything written at top
+level (``model=llama3_8b``, ``--page-size 16``, a ``--config`` file's namespaces) applies to both
+sides; ``prefill.<ns>.<field>=...`` / ``decode.<ns>.<field>=...`` (or a ``prefill:`` / ``decode:``
+section of the ``--config`` file) override one side, and always beat the shared value.  Each side
+is composed exactly like a single record (the same presets, legacy flags, checks and rules), with
+its ``disaggregation_mode`` set to its role.  Then the ports are laid out so that nothing on one
+host is bound twice, and the two sides are checked to agree on what the KV transfer needs.
+
+Deployment-level settings (``deploy.router_port=...``) live in ``conf/deploy/<option>.yaml``.
+This module is pure configuration: it builds and checks, the ``launch`` job runs.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields as dc_fields
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .errors import ConfigError, Problem, problem_for
+from .legacy import Setting
+from .record import FIELDS, ServerArgs
+
+SIDES = ("prefill", "decode")
+DEFAULT_DEPLOY = "single"
+DEPLOYMENT_JOBS = ("resolve", "launch")       # jobs that take a whole deployment
+_SOURCE = "deploy=pd"
+# deploy=..., deploy.x=..., prefill.x=..., decode.x=... (with Hydra's +/++ prefixes)
+_TOKEN = re.compile(r"^(?P<plus>\+{0,2})(?P<head>deploy|prefill|decode)(?P<sep>[.=])(?P<rest>.*)$", re.S)
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+@dataclass
+class DeploySettings:
+    """The deployment-level keys (``deploy.<key>=...``); the router ones only mean something for pd."""
+
+    name: str = DEFAULT_DEPLOY
+    router_host: str = "127.0.0.1"
+    router_port: int = 8000
+    router_prometheus_port: int = 29000
+    router_policy: Optional[str] = None          # None: the router's own default
+    router_extra_args: List[str] = field(default_factory=list)   # passed to the router verbatim
+
+
+ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
+
+
+@dataclass(frozen=True)
+class Router:
+    host: str
+    port: int
+    prometheus_port: int
+    policy: Optional[str]
+    extra_args: Tuple[str, ...]
+
+    @property
+    def url(self) -> str:
+        return f"http://{connect_host(self.host)}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Server:
+    role: str              # "server" (single), "prefill" or "decode"
+    record: ServerArgs
+
+    @property
+    def url(self) -> str:
+        return f"http://{connect_host(self.record.host)}:{self.record.port}"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What ``job=resolve`` prints and ``job=launch`` starts."""
+
+    name: str                          # single | pd
+    servers: Tuple[Server, ...]
+    router: Optional[Router] = None
+
+    def server(self, role: str) -> Server:
+        return next(s for s in self.servers if s.role == role)
+
+
+def connect_host(host: Optional[str]) -> str:
+    """Where a local client reaches a server bound to ``host`` (a wildcard bind answers on loopback)."""
+    host = (host or "").strip()
+    if host in _WILDCARD_HOSTS:
+        return "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]"
+    return host
+
+
+def as_deployment(target: Any) -> Deployment:
+    """A deployment from either a deployment or a single record (``job=launch`` without deploy=)."""
+    if isinstance(target, Deployment):
+        return target
+    mode = getattr(target, "disaggregation_mode", "null")
+    return Deployment("single", (Server(mode if mode in SIDES else "server", target),))
+
+
+def router_argv(dep: Deployment) -> List[str]:
+    """``sglang_router.launch_router`` flags for a PD deployment (checked against sglang-router 0.3.2)."""
+    r = dep.router
+    if r is None:
+        return []
+    prefill, decode = dep.server("prefill"), dep.server("decode")
+    out = ["--pd-disaggregation",
+           "--prefill", prefill.url, str(prefill.record.disaggregation_bootstrap_port),
+           "--decode", decode.url,
+           "--host", r.host, "--port", str(r.port),
+           "--prometheus-host", r.host, "--prometheus-port", str(r.prometheus_port)]
+    if r.policy:
+        out += ["--policy", r.policy]
+    return out + list(r.extra_args)
+
+
+# --------------------------------------------------------------------------- the command line
+@dataclass
+class DeployRequest:
+    """A command line split into its shared part, each side's part and the deployment keys."""
+
+    option: Optional[str] = None                          # deploy=<option>
+    deploy_settings: List[Tuple[str, Any, str]] = field(default_factory=list)   # (key, value, source)
+    shared_argv: List[str] = field(default_factory=list)
+    side_argv: Dict[str, List[str]] = field(default_factory=lambda: {s: [] for s in SIDES})
+    config_file: Optional[str] = None
+    file_shared: Dict[str, Any] = field(default_factory=dict)
+    file_sides: Dict[str, Any] = field(default_factory=dict)
+    file_sections_read: bool = False           # the file was read here (it has deploy/prefill/decode)
+    problems: List[Problem] = field(default_factory=list)
+
+    @property
+    def wants_sides(self) -> bool:
+        return any(self.side_argv.values()) or bool(self.file_sides)
+
+    def is_plain_single(self) -> bool:
+        """Only ``deploy=single`` was written: the ordinary single-record path can run it."""
+        return (self.option == "single" and not self.wants_sides and not self.deploy_settings
+                and not self.problems and not self.config_file)
+
+
+def deployment_request(argv: Sequence[str]) -> Optional[DeployRequest]:
+    """The deployment part of a command line, or None for an ordinary single-record command.
+
+    A command is a deployment when it names ``deploy=``/``deploy.*``, a ``prefill.*``/``decode.*``
+    key, or a ``--config`` file with a ``deploy``/``prefill``/``decode`` section."""
+    req = DeployRequest()
+    found = False
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        i += 1
+        if tok == "--config" or tok.startswith("--config="):
+            path = tok.partition("=")[2] if "=" in tok else (argv[i] if i < len(argv) else None)
+            if "=" not in tok:
+                i += 1
+            req.config_file = path
+            req.shared_argv += [tok] if "=" in tok else [tok] + ([path] if path is not None else [])
+            continue
+        m = _TOKEN.match(tok)
+        if not m:
+            req.shared_argv.append(tok)
+            continue
+        found = True
+        head, sep, rest, plus = m["head"], m["sep"], m["rest"], m["plus"]
+        if head == "deploy":
+            _deploy_token(req, sep, rest, tok)
+        elif sep == "=":
+            req.problems.append(Problem(head, None, f"'{head}' is one side of a PD deployment, not a value; "
+                                        f"set its keys ({head}.<namespace>.<field>=...)", f"override {tok}"))
+        else:
+            req.side_argv[head].append(plus + rest)
+    if req.config_file and _load_file_sections(req):
+        found = True
+    return req if found else None
+
+
+def _deploy_token(req: DeployRequest, sep: str, rest: str, tok: str) -> None:
+    value = _parse_value(rest, tok, req)
+    if sep == "=":
+        req.option = str(value)
+    else:
+        req.deploy_settings.append((rest.partition("=")[0], value, f"override {tok}"))
+
+
+def _parse_value(rest: str, tok: str, req: DeployRequest) -> Any:
+    """The value of a ``key=value`` token, typed by Hydra's override grammar."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    text = rest if "=" in rest else f"x={rest}"
+    try:
+        (ov,) = OverridesParser.create().parse_overrides([text])
+        return ov.value()
+    except HydraException as exc:
+        req.problems.append(Problem(tok.split("=")[0], None, f"cannot parse override {tok!r}: "
+                                    f"{str(exc).strip().splitlines()[0]}", "override"))
+        return None
+
+
+def _load_file_sections(req: DeployRequest) -> bool:
+    """Take ``deploy``/``prefill``/``decode`` out of the --config file; True when it had any."""
+    from .compose import _yaml_load
+
+    p = Path(req.config_file)
+    if p.suffix.lower() not in (".yaml", ".yml") or not p.is_file():
+        return False          # the ordinary --config loader reports these
+    try:
+        data = _yaml_load(p)
+    except Exception:          # invalid YAML: reported by the ordinary loader too
+        return False
+    if not isinstance(data, dict) or not ({"deploy", *SIDES} & set(map(str, data))):
+        return False
+    source = f"--config {req.config_file}"
+    req.file_sections_read = True
+    for k, v in data.items():
+        k = str(k)
+        if k in SIDES:
+            if not isinstance(v, dict):
+                req.problems.append(Problem(k, "--config", f"{source}: section '{k}' must map namespaces to "
+                                            f"settings, got {type(v).__name__}"))
+            else:
+                req.file_sides[k] = v
+        elif k == "deploy":
+            if isinstance(v, str):
+                req.option = req.option or v      # the command line beats the file
+            elif isinstance(v, dict):
+                for dk, dv in v.items():
+                    if str(dk) == "name":
+                        req.option = req.option or str(dv)
+                    else:
+                        req.deploy_settings.insert(0, (str(dk), dv, source))
+            else:
+                req.problems.append(Problem("deploy", "--config", f"{source}: 'deploy' must be an option name "
+                                            f"(single, pd) or a mapping of deploy keys"))
+        else:
+            req.file_shared[k] = v
+    return True
+
+
+# --------------------------------------------------------------------------- composition
+def deploy_options() -> List[str]:
+    from .compose import group_options
+    return group_options("deploy")
+
+
+def _deploy_settings(req: DeployRequest, problems: List[Problem]) -> Tuple[DeploySettings, set]:
+    from .compose import _coerce_job, _suggest, preset
+
+    option = req.option or (DEFAULT_DEPLOY if not req.wants_sides else "pd")
+    out = DeploySettings()
+    types = {f.name: f.type for f in dc_fields(DeploySettings)}
+    data, _ = preset("deploy", option)
+    if data is None:
+        opts = deploy_options()
+        problems.append(Problem("deploy", None, f"no preset '{option}' in group 'deploy'; available: "
+                                f"{', '.join(opts)}{_suggest(option, opts)}", "preset"))
+        return out, set()
+    explicit = set()
+    entries = [(k, v, f"preset deploy/{option}", False) for k, v in (data.get("deploy") or {}).items() if k != "name"]
+    entries += [(k, v, src, True) for k, v, src in req.deploy_settings]
+    for k, v, src, by_user in entries:
+        if k not in types or k == "name":
+            problems.append(Problem(f"deploy.{k}", None, f"deploy has no setting '{k}'"
+                                    f"{_suggest(k, [n for n in types if n != 'name'])}", src))
+            continue
+        v, err = _coerce_job(types[k], v)
+        if err is None and k == "router_policy" and v is not None and v not in ROUTER_POLICIES:
+            err = f"{v!r} is not one of: {', '.join(ROUTER_POLICIES)}"
+        if err is None and k in ("router_port", "router_prometheus_port") and not 0 < v < 65536:
+            err = f"{v} is not a TCP port (1-65535)"
+        if err:
+            problems.append(Problem(f"deploy.{k}", None, err, src))
+            continue
+        setattr(out, k, v)
+        if by_user:
+            explicit.add(k)
+    out.name = option
+    if option != "pd":
+        for k in sorted(explicit):
+            if k.startswith("router"):
+                problems.append(Problem(f"deploy.{k}", None, f"the router only runs with deploy=pd "
+                                        f"(this is deploy={option})", "deploy"))
+        if req.wants_sides:
+            problems.append(Problem("deploy", None, f"prefill./decode. settings need deploy=pd "
+                                    f"(this is deploy={option})", "deploy"))
+    return out, explicit
+
+
+@dataclass
+class _Side:
+    """One side's command: what is shared and what only this side says."""
+
+    role: str
+    cmd: Any                       # compose.Command, merged in precedence order
+    side_settings: List[Setting]   # what only this side says
+    shared_settings: List[Setting] # what the top level says
+    hydra_flags: List[str]
+
+    @property
+    def side_names(self) -> set:
+        return {s.name for s in self.side_settings}
+
+    @property
+    def shared_names(self) -> set:
+        return {s.name for s in self.shared_settings}
+
+
+def _side_command(req: DeployRequest, role: Optional[str]) -> _Side:
+    from .compose import Command, build_command, load_config_file, parse_overrides, settings_from_mapping
+
+    shared, hydra_flags = build_command(argv=_without_config(req.shared_argv))
+    file_shared, file_side, cli_side = Command(), Command(), Command()
+    src = f"--config {req.config_file}"
+    if req.file_sections_read:
+        settings_from_mapping(req.file_shared, src, file_shared, choices_ok=True)
+    elif req.config_file is not None:
+        load_config_file(req.config_file, file_shared)
+    if role in SIDES:
+        if role in req.file_sides:
+            settings_from_mapping(req.file_sides[role], f"{src} ({role}:)", file_side, choices_ok=True)
+        parse_overrides(req.side_argv[role], cli_side, allow_sweep=False)
+    cmd = Command()
+    cmd.problems = shared.problems + file_shared.problems + file_side.problems + cli_side.problems
+    cmd.choices = {**file_shared.choices, **file_side.choices, **shared.choices, **cli_side.choices}
+    cmd.settings = file_shared.settings + file_side.settings + shared.settings + cli_side.settings
+    cmd.job_settings = file_shared.job_settings + shared.job_settings
+    cmd.hydra_overrides = shared.hydra_overrides + cli_side.hydra_overrides
+    cmd.hydra_only = shared.hydra_only + cli_side.hydra_only
+    cmd.sweep = shared.sweep or cli_side.sweep
+    for k, _v, s in file_side.job_settings + cli_side.job_settings:
+        cmd.problems.append(Problem(f"{role}.job.{k}", None, f"job settings apply to the whole deployment; "
+                                    f"set job.{k}=... at top level", s))
+    if "job" in file_side.choices or "job" in cli_side.choices:
+        cmd.problems.append(Problem(f"{role}.job", None, "the job applies to the whole deployment; set job=... "
+                                    "at top level", "deploy"))
+    return _Side(role or "server", cmd, file_side.settings + cli_side.settings,
+                 file_shared.settings + shared.settings, hydra_flags)
+
+
+def _without_config(argv: Sequence[str]) -> List[str]:
+    """The command line without its --config file (the file is read separately, sections and all)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--config":
+            skip = True
+        elif not a.startswith("--config="):
+            out.append(a)
+    return out
+
+
+def _compose(side: _Side, extra: Sequence[Setting], env=None, *, quiet: bool = False
+             ) -> Tuple[Optional[ServerArgs], Any, List[Problem]]:
+    """One side's record (or its problems); ``quiet`` keeps a first pass from logging the notes twice."""
+    import logging
+
+    from .compose import compose_values, compose_with_hydra, needs_hydra
+    from .resolve import resolve
+
+    cmd = side.cmd
+    saved = list(cmd.settings)
+    cmd.settings = saved + list(extra)
+    logger = logging.getLogger("sglang_hydra.config")
+    was_disabled = logger.disabled
+    logger.disabled = was_disabled or quiet
+    try:
+        composed = compose_with_hydra(cmd) if needs_hydra(cmd) and not cmd.problems else \
+            compose_values(cmd, raise_problems=False)
+        return resolve(composed.values, explicit=composed.explicit, env=env, prior=composed.problems), composed, []
+    except ConfigError as err:
+        return None, None, list(err.problems)
+    finally:
+        cmd.settings = saved
+        logger.disabled = was_disabled
+
+
+def _merge_side_problems(per_side: Dict[str, List[Problem]]) -> List[Problem]:
+    """A problem both sides have is the shared input's: say it once; otherwise name the side."""
+    keyed = {role: [(p.key, p.message) for p in probs] for role, probs in per_side.items()}
+    roles = list(per_side)
+    out: List[Problem] = []
+    seen = set()
+    for role in roles:
+        for p in per_side[role]:
+            k = (p.key, p.message)
+            shared = all(k in keyed[r] for r in roles)
+            if shared:
+                if k not in seen:
+                    seen.add(k)
+                    out.append(p)
+                continue
+            key = p.key if p.key.startswith(f"{role}.") else (f"{role}.{p.key}" if p.key else role)
+            out.append(Problem(key, p.flag, p.message, p.source))
+    return out
+
+
+def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[str, Any]]:
+    """(record or Deployment, job name, job settings) for a deployment command.
+
+    ``deploy=single`` gives the one record (any job runs on it); ``deploy=pd`` gives a
+    :class:`Deployment` (``job=resolve`` or ``job=launch``; resolve when no job is named).
+    Raises one ConfigError listing every problem of both sides."""
+    problems = list(req.problems)
+    settings, explicit_deploy = _deploy_settings(req, problems)
+    roles = SIDES if settings.name == "pd" else (None,)
+    sides = [_side_command(req, role) for role in roles]
+    first = sides[0]
+    if first.hydra_flags or first.cmd.sweep or first.cmd.hydra_only:
+        what = (first.hydra_flags or first.cmd.hydra_only or ["a sweep"])[0]
+        problems.append(Problem("", None, f"{what}: a deployment runs without Hydra's runtime (no -m sweeps, "
+                                "Hydra flags or hydra.* settings); run one record at a time for those", "deploy"))
+    if settings.name != "pd":
+        record, composed, probs = _compose(first, (), env)
+        if problems or probs:
+            raise ConfigError(problems + probs)
+        return record, composed.job_name, composed.job
+
+    for s in sides:
+        s.cmd.choices.setdefault("job", "resolve")
+    # pass 1: each side with its role, to learn its addresses
+    problems += [problem_for("disaggregation_mode", f"deploy=pd sets each side's mode itself (prefill, decode); "
+                             f"drop {st.value!r}", st.source)
+                 for st in first.shared_settings
+                 if st.name == "disaggregation_mode" and st.value not in (None, "null")]
+    per_side = {}
+    for s in sides:
+        per_side[s.role] = [problem_for("disaggregation_mode", f"is {s.role} on this side (set by deploy=pd); "
+                                        f"drop {st.value!r}", st.source)
+                            for st in s.side_settings
+                            if st.name == "disaggregation_mode" and str(st.value) != s.role]
+    first_pass = {s.role: _compose(s, [Setting("disaggregation_mode", s.role, _SOURCE)], env, quiet=True)
+                  for s in sides}
+    for s in sides:
+        per_side[s.role] += first_pass[s.role][2]
+    problems += _merge_side_problems(per_side)
+    if problems:
+        raise ConfigError(_dedupe(problems))
+    records = {role: rec for role, (rec, _c, _p) in first_pass.items()}
+    assigned, router_ports = _lay_out_ports(records, {s.role: s for s in sides}, settings, explicit_deploy, problems)
+    if problems:
+        raise ConfigError(problems)
+
+    # pass 2: the same commands with the ports laid out
+    final: Dict[str, ServerArgs] = {}
+    composed_job = None
+    for s in sides:
+        extra = [Setting("disaggregation_mode", s.role, _SOURCE)]
+        extra += [Setting(name, value, f"{_SOURCE} (assigned)") for name, value in assigned[s.role].items()]
+        rec, composed, probs = _compose(s, extra, env)
+        problems += [Problem(f"{s.role}.{p.key}", p.flag, p.message, p.source) for p in probs]
+        if rec is not None:
+            final[s.role] = rec
+            composed_job = composed_job or composed
+    if not problems:
+        problems += cross_side_problems(final["prefill"], final["decode"])
+        if composed_job.job_name not in DEPLOYMENT_JOBS:
+            problems.append(Problem("job", None, f"job={composed_job.job_name} works on one record, not a "
+                                    f"deployment; deploy=pd supports job={' and job='.join(DEPLOYMENT_JOBS)}",
+                                    "deploy"))
+    if problems:
+        raise ConfigError(problems)
+    router = Router(settings.router_host, router_ports[0], router_ports[1], settings.router_policy,
+                    tuple(settings.router_extra_args))
+    dep = Deployment("pd", (Server("prefill", final["prefill"]), Server("decode", final["decode"])), router)
+    return dep, composed_job.job_name, composed_job.job
+
+
+def _dedupe(problems: List[Problem]) -> List[Problem]:
+    seen, out = set(), []
+    for p in problems:
+        if (p.key, p.message) not in seen:
+            seen.add((p.key, p.message))
+            out.append(p)
+    return out
+
+
+# --------------------------------------------------------------------------- ports
+@dataclass
+class _Claim:
+    label: str            # what to change, e.g. "decode.serving.port (--port)"
+    host: str
+    port: int
+    explicit: bool
+    default: int
+
+
+def _hosts_overlap(a: str, b: str) -> bool:
+    norm = {"localhost": "127.0.0.1"}
+    a, b = norm.get(a, a), norm.get(b, b)
+    return a == b or a in _WILDCARD_HOSTS or b in _WILDCARD_HOSTS
+
+
+def _label(role: Optional[str], name: str) -> str:
+    """``decode.serving.port (--port)``: the key to change (with its side) and its flag."""
+    p = problem_for(name, "")
+    return (f"{role}.{p.key}" if role else p.key) + (f" ({p.flag})" if p.flag else "")
+
+
+def _lay_out_ports(records: Dict[str, ServerArgs], sides: Dict[str, _Side], settings: DeploySettings,
+                   explicit_deploy: set, problems: List[Problem]) -> Tuple[Dict[str, Dict[str, int]], Tuple[int, int]]:
+    """Give every listening socket of the deployment its own port.
+
+    Ports the user wrote are kept (two of them clashing is an error); the others start from their
+    defaults and move up past anything taken on the same host.  A top-level ``serving.port`` is the
+    prefill server's port; decode then takes the next free one."""
+    pre, dec = records["prefill"], records["decode"]
+
+    def side_explicit(role: str, name: str) -> bool:
+        return name in sides[role].side_names
+
+    claims = [
+        _Claim(_label("prefill", "port"), pre.host, pre.port,
+               side_explicit("prefill", "port") or "port" in sides["prefill"].shared_names, pre.port),
+        _Claim(_label("prefill", "disaggregation_bootstrap_port"), pre.host, pre.disaggregation_bootstrap_port,
+               side_explicit("prefill", "disaggregation_bootstrap_port")
+               or "disaggregation_bootstrap_port" in sides["prefill"].shared_names, pre.disaggregation_bootstrap_port),
+        _Claim(_label("decode", "port"), dec.host, dec.port, side_explicit("decode", "port"), pre.port + 1),
+        _Claim("deploy.router_port", settings.router_host, settings.router_port,
+               "router_port" in explicit_deploy, settings.router_port),
+        _Claim("deploy.router_prometheus_port", settings.router_host, settings.router_prometheus_port,
+               "router_prometheus_port" in explicit_deploy, settings.router_prometheus_port),
+    ]
+    taken: List[_Claim] = []
+    for c in claims:
+        if not c.explicit:
+            continue
+        for t in taken:
+            if t.port == c.port and _hosts_overlap(t.host, c.host):
+                problems.append(Problem(c.label.split(" ")[0], None, f"port {c.port} is also {t.label} on "
+                                        f"{t.host}; every server, the bootstrap server and the router need their "
+                                        f"own port (change one of them, or leave one unset to have it assigned)",
+                                        _SOURCE))
+        taken.append(c)
+    for c in claims:
+        if c.explicit:
+            continue
+        port = c.default
+        while any(t.port == port and _hosts_overlap(t.host, c.host) for t in taken) and port < 65535:
+            port += 1
+        c.port = port
+        taken.append(c)
+    assigned = {
+        "prefill": {"port": claims[0].port, "disaggregation_bootstrap_port": claims[1].port},
+        "decode": {"port": claims[2].port},
+    }
+    return assigned, (claims[3].port, claims[4].port)
+
+
+def listening_ports(dep: Deployment) -> List[Tuple[str, str, int]]:
+    """(what to change, host, port) for every socket the deployment binds, for the launch's port check."""
+    out = []
+    for s in dep.servers:
+        role = s.role if dep.name == "pd" else None
+        out.append((_label(role, "port"), s.record.host, s.record.port))
+        if s.role == "prefill":
+            out.append((_label(role, "disaggregation_bootstrap_port"), s.record.host,
+                        s.record.disaggregation_bootstrap_port))
+    if dep.router:
+        out.append(("deploy.router_port", dep.router.host, dep.router.port))
+        out.append(("deploy.router_prometheus_port", dep.router.host, dep.router.prometheus_port))
+    return out
+
+
+# --------------------------------------------------------------------------- cross-side checks
+_MUST_AGREE = (
+    ("model_path", "the decode side receives the prefill side's KV cache, so both must serve the same model"),
+    ("page_size", "KV pages are transferred whole, so both sides must use the same page size"),
+    ("kv_cache_dtype", "KV bytes are copied as they are, so both sides must store the same KV dtype"),
+    ("disaggregation_transfer_backend", "both sides must speak the same KV transfer backend"),
+)
+
+
+def cross_side_problems(prefill: ServerArgs, decode: ServerArgs) -> List[Problem]:
+    """What the two sides of a PD pair must agree on, checked before anything starts."""
+    out = []
+    for name, why in _MUST_AGREE:
+        a, b = getattr(prefill, name), getattr(decode, name)
+        if a != b:
+            p = problem_for(name, "")
+            out.append(Problem(p.key, p.flag, f"prefill has {a!r} but decode has {b!r}: {why}; set it once at "
+                               f"top level or the same on both sides", _SOURCE))
+    return out
