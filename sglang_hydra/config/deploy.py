@@ -378,8 +378,9 @@ def _compose(side: _Side, extra: Sequence[Setting], env=None, *, quiet: bool = F
         logger.disabled = was_disabled
 
 
-def _merge_side_problems(per_side: Dict[str, List[Problem]]) -> List[Problem]:
-    """A problem both sides have is the shared input's: say it once; otherwise name the side."""
+def _merge_side_problems(per_side: Dict[str, List[Problem]], side_argv: Dict[str, List[str]]) -> List[Problem]:
+    """A problem both sides have is the shared input's: say it once; otherwise name the side (and
+    quote a side's own override as it was written)."""
     keyed = {role: [(p.key, p.message) for p in probs] for role, probs in per_side.items()}
     roles = list(per_side)
     out: List[Problem] = []
@@ -394,7 +395,11 @@ def _merge_side_problems(per_side: Dict[str, List[Problem]]) -> List[Problem]:
                     out.append(p)
                 continue
             key = p.key if p.key.startswith(f"{role}.") else (f"{role}.{p.key}" if p.key else role)
-            out.append(Problem(key, p.flag, p.message, p.source))
+            source = p.source
+            for tok in side_argv.get(role, ()):
+                if source in (f"override {tok}", "override") and p.key.lstrip("+") and tok.lstrip("+").startswith(p.key):
+                    source = f"override {role}.{tok}"
+            out.append(Problem(key, p.flag, p.message, source))
     return out
 
 
@@ -436,7 +441,7 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
                   for s in sides}
     for s in sides:
         per_side[s.role] += first_pass[s.role][2]
-    problems += _merge_side_problems(per_side)
+    problems += _merge_side_problems(per_side, req.side_argv)
     if problems:
         raise ConfigError(_dedupe(problems))
     records = {role: rec for role, (rec, _c, _p) in first_pass.items()}

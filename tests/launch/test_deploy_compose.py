@@ -1,0 +1,154 @@
+"""deploy=pd composition in-process: sides, precedence, --config sections, ports, cross-side checks."""
+import pytest
+
+from sglang_hydra.config.deploy import (Deployment, compose_deployment, deployment_request, listening_ports,
+                                        router_argv)
+from sglang_hydra.config.errors import ConfigError
+
+
+def deploy(*argv):
+    req = deployment_request(list(argv))
+    assert req is not None
+    return compose_deployment(req)
+
+
+def problems(*argv):
+    with pytest.raises(ConfigError) as exc:
+        deploy(*argv)
+    return [str(p) for p in exc.value.problems]
+
+
+def test_ordinary_commands_are_not_deployments():
+    assert deployment_request(["model=llama3_8b", "--page-size", "16", "job=resolve"]) is None
+    assert deployment_request(["schedule.page_size=16", "--served-model-name", "x"]) is None
+
+
+def test_pd_sides_share_top_level_and_override_per_side():
+    dep, job_name, _ = deploy("deploy=pd", "model=llama3_8b", "schedule.page_size=16",
+                              "prefill.parallel.tp_size=4", "decode.memory.hicache_ratio=3", "job=resolve")
+    assert isinstance(dep, Deployment) and job_name == "resolve"
+    pre, dec = dep.server("prefill").record, dep.server("decode").record
+    assert (pre.disaggregation_mode, dec.disaggregation_mode) == ("prefill", "decode")
+    assert pre.model_path == dec.model_path == "llama3_8b"
+    assert pre.page_size == dec.page_size == 16
+    assert (pre.tp_size, dec.tp_size) == (4, 1)
+    assert (pre.hicache_ratio, dec.hicache_ratio) == (2.0, 3.0)
+
+
+def test_side_value_beats_shared_value_whatever_the_order():
+    dep, _, _ = deploy("deploy=pd", "decode.schedule.max_running_requests=7", "schedule.max_running_requests=3")
+    assert dep.server("decode").record.max_running_requests == 7
+    assert dep.server("prefill").record.max_running_requests == 3
+
+
+def test_side_keys_alone_imply_pd_and_the_default_job_is_resolve():
+    dep, job_name, _ = deploy("prefill.parallel.tp_size=2")
+    assert dep.name == "pd" and job_name == "resolve"
+
+
+def test_default_ports_are_laid_out_without_collisions():
+    dep, _, _ = deploy("deploy=pd")
+    pre, dec = dep.server("prefill").record, dep.server("decode").record
+    assert (pre.port, dec.port, pre.disaggregation_bootstrap_port) == (30000, 30001, 8998)
+    assert (dep.router.port, dep.router.prometheus_port) == (8000, 29000)
+    ports = [p for _, _, p in listening_ports(dep)]
+    assert len(ports) == len(set(ports)) == 5
+    assert router_argv(dep)[:6] == ["--pd-disaggregation", "--prefill", "http://127.0.0.1:30000", "8998",
+                                    "--decode", "http://127.0.0.1:30001"]
+
+
+def test_unset_ports_move_past_explicit_ones():
+    dep, _, _ = deploy("deploy=pd", "decode.serving.port=30000", "deploy.router_port=30001")
+    pre, dec = dep.server("prefill").record, dep.server("decode").record
+    assert dec.port == 30000 and dep.router.port == 30001 and pre.port == 30002
+    dep, _, _ = deploy("deploy=pd", "serving.port=31000", "prefill.disagg.disaggregation_bootstrap_port=31001")
+    assert dep.server("prefill").record.port == 31000          # a top-level port is prefill's
+    assert dep.server("decode").record.port == 31002           # decode takes the next free one
+
+
+def test_explicit_collision_is_an_error():
+    out = problems("deploy=pd", "prefill.serving.port=31000", "decode.serving.port=31000")
+    assert len(out) == 1 and "decode.serving.port" in out[0] and "prefill.serving.port" in out[0]
+    dep, _, _ = deploy("deploy=pd", "disagg.disaggregation_bootstrap_port=8000")   # the router's default port:
+    assert dep.router.port == 8001                                              # it was not written, so it moves
+    out = problems("deploy=pd", "deploy.router_port=8998", "disagg.disaggregation_bootstrap_port=8998")
+    assert "deploy.router_port" in out[0] and "port 8998" in out[0]
+
+
+def test_different_hosts_may_share_a_port():
+    dep, _, _ = deploy("deploy=pd", "prefill.serving.host=127.0.0.2", "decode.serving.port=30000")
+    assert dep.server("prefill").record.port == dep.server("decode").record.port == 30000
+
+
+@pytest.mark.parametrize("override,key", [
+    ("decode.model.model_path=other", "model.model_path"),
+    ("decode.schedule.page_size=64", "schedule.page_size"),
+    ("prefill.model.kv_cache_dtype=fp8_e5m2", "model.kv_cache_dtype"),
+    ("decode.disagg.disaggregation_transfer_backend=nixl", "disagg.disaggregation_transfer_backend"),
+])
+def test_sides_that_disagree_are_rejected(override, key):
+    out = problems("deploy=pd", "schedule.page_size=16", override)
+    assert len(out) == 1 and out[0].startswith(key) and "prefill has" in out[0]
+
+
+def test_modes_belong_to_the_deployment():
+    out = problems("deploy=pd", "disagg.disaggregation_mode=prefill")
+    assert len(out) == 1 and "deploy=pd sets each side's mode" in out[0]
+    out = problems("deploy=pd", "decode.disagg.disaggregation_mode=prefill")
+    assert out[0].startswith("decode.disagg.disaggregation_mode")
+    dep, _, _ = deploy("deploy=pd", "prefill.disagg.disaggregation_mode=prefill")   # saying the same is fine
+    assert dep.server("prefill").record.disaggregation_mode == "prefill"
+
+
+def test_problems_of_both_sides_are_reported_together_and_named_by_side():
+    out = problems("deploy=pd", "prefill.memory.hicache_ratio=banana", "decode.schedule.nope=1",
+                   "schedule.page_size=abc")
+    assert any(p.startswith("prefill.memory.hicache_ratio") and "[override prefill.memory.hicache_ratio=banana]" in p
+               for p in out)
+    assert any(p.startswith("decode.schedule.nope") and "unknown key" in p for p in out)
+    assert sum(p.startswith("schedule.page_size") for p in out) == 1   # a shared mistake is said once
+
+
+def test_bad_deploy_input():
+    assert "no preset 'pdd' in group 'deploy'" in problems("deploy=pdd")[0]
+    assert "did you mean 'router_port'" in problems("deploy=pd", "deploy.router_prt=1")[0]
+    assert "deploy.router_port" in problems("deploy=pd", "deploy.router_port=70000")[0]
+    assert "router_policy" in problems("deploy=pd", "deploy.router_policy=fastest")[0]
+    assert "only runs with deploy=pd" in problems("deploy=single", "deploy.router_port=9000")[0]
+    assert "need deploy=pd" in problems("deploy=single", "prefill.parallel.tp_size=2")[0]
+    assert "not a value" in problems("deploy=pd", "prefill=big")[0]
+    assert "whole deployment" in problems("deploy=pd", "prefill.job.format=json")[0]
+    assert "job=replay works on one record" in problems("deploy=pd", "job=replay")[0]
+    assert "Hydra's runtime" in problems("deploy=pd", "-m", "schedule.page_size=16,32")[0]
+
+
+def test_config_file_with_sections(tmp_path):
+    cfg = tmp_path / "pd.yaml"
+    cfg.write_text("deploy: {name: pd, router_port: 8100}\n"
+                   "model: {model_path: my-model}\n"
+                   "page-size: 32\n"
+                   "prefill:\n  parallel: {tp_size: 4}\n  disaggregation-bootstrap-port: 9100\n"
+                   "decode:\n  memory.hicache_ratio: 3\n")
+    dep, _, _ = deploy("--config", str(cfg), "decode.memory.hicache_ratio=4")
+    pre, dec = dep.server("prefill").record, dep.server("decode").record
+    assert pre.model_path == dec.model_path == "my-model" and pre.page_size == dec.page_size == 32
+    assert pre.tp_size == 4 and pre.disaggregation_bootstrap_port == 9100
+    assert dec.hicache_ratio == 4.0            # the command line beats the file
+    assert dep.router.port == 8100
+
+
+def test_config_file_side_problems(tmp_path):
+    cfg = tmp_path / "pd.yaml"
+    cfg.write_text("prefill: 3\ndecode:\n  memory: {hicache_ration: 2}\n")
+    out = problems("--config", str(cfg))
+    assert any("section 'prefill' must map" in p for p in out)
+    assert any(p.startswith("decode.memory.hicache_ration") for p in out)
+
+
+def test_single_deployment_from_a_config_file(tmp_path):
+    cfg = tmp_path / "one.yaml"
+    cfg.write_text("deploy: single\nschedule: {page_size: 16}\n")
+    record, job_name, _ = deploy("--config", str(cfg), "job=resolve")
+    assert record.page_size == 16 and job_name == "resolve"
+    req = deployment_request(["deploy=single", "job=resolve"])
+    assert req.is_plain_single() and req.shared_argv == ["job=resolve"]
