@@ -12,9 +12,9 @@ Behaviour per role, from ``STANDIN_MODES="prefill=hang,decode=crash"`` (role ``s
 * ``healthy``: healthy at once, serves until SIGTERM/SIGINT, then exits 0;
 * ``slow``: answers 503 on /health for ``STANDIN_SLOW_S`` seconds first (default 1.0);
 * ``hang``: binds the port but never becomes healthy;
-* ``crash``: becomes healthy, then exits with ``STANDIN_CRASH_CODE`` (default 3) after
-  ``STANDIN_CRASH_AFTER_S`` seconds (default 0.3);
-* ``stubborn``: healthy, but ignores SIGTERM (only SIGKILL ends it).
+* ``crash``: becomes healthy, then exits with ``STANDIN_CRASH_CODE`` (default 3) once the file
+  ``STANDIN_CRASH_FILE`` exists (or, without it, after ``STANDIN_CRASH_AFTER_S`` seconds, default 0.3);
+* ``stubborn``: healthy, but ignores SIGTERM and SIGINT (only SIGKILL ends it).
 """
 from __future__ import annotations
 
@@ -69,6 +69,15 @@ def main(argv=None) -> int:
     mode = _modes().get(role, "healthy")
     rec = _Recorder(role)
     started = time.monotonic()
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        rec.write(event="signal", signum=signum)
+        stop.set()
+
+    # before anything is recorded or served: a stop request never finds the defaults in place
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN if mode == "stubborn" else on_signal)
     slow_s = float(os.environ.get("STANDIN_SLOW_S", "1.0"))
 
     def healthy() -> bool:
@@ -118,27 +127,19 @@ def main(argv=None) -> int:
     rec.write(event="start", argv=argv, pid=os.getpid(), mode=mode, port=args.port)
     print(f"standin {role} ({mode}) listening on {args.host}:{args.port}", flush=True)
 
-    stop = threading.Event()
-    exit_code = [0]
-
-    def on_signal(signum, _frame):
-        rec.write(event="signal", signum=signum)
-        stop.set()
-
-    if mode == "stubborn":
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    else:
-        signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
     for s in [server] + extra:
         threading.Thread(target=s.serve_forever, daemon=True).start()
     if mode == "crash":
-        time.sleep(float(os.environ.get("STANDIN_CRASH_AFTER_S", "0.3")))
-        exit_code[0] = int(os.environ.get("STANDIN_CRASH_CODE", "3"))
-        print(f"standin {role}: crashing with status {exit_code[0]}", file=sys.stderr, flush=True)
-        rec.write(event="crash", code=exit_code[0])
-        os._exit(exit_code[0])
+        trigger = os.environ.get("STANDIN_CRASH_FILE")
+        if trigger:                  # crash when the test says so (deterministic)
+            while not os.path.exists(trigger):
+                time.sleep(0.05)
+        else:
+            time.sleep(float(os.environ.get("STANDIN_CRASH_AFTER_S", "0.3")))
+        code = int(os.environ.get("STANDIN_CRASH_CODE", "3"))
+        print(f"standin {role}: crashing with status {code}", file=sys.stderr, flush=True)
+        rec.write(event="crash", code=code)
+        os._exit(code)
     while not stop.wait(0.1):
         pass
     for s in [server] + extra:

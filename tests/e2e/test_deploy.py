@@ -1,0 +1,76 @@
+"""deploy=pd through the real command line: job=resolve output and configuration errors."""
+import json
+import os
+import subprocess
+import sys
+
+import yaml
+
+
+def run(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "sglang_hydra", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ))
+
+
+def test_pd_resolve_prints_both_records_and_the_router(tmp_path):
+    r = run("deploy=pd", "model=llama3_8b", "prefill.parallel.tp_size=4", "decode.memory.hicache_ratio=3",
+            "job=resolve", f"job.output={tmp_path}/dep.yaml", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    data = yaml.safe_load(r.stdout)
+    assert list(data) == ["deploy", "prefill", "decode", "router"] and data["deploy"] == "pd"
+    assert data["prefill"]["tp_size"] == 4 and data["decode"]["tp_size"] == 1
+    assert data["decode"]["hicache_ratio"] == 3.0 and data["prefill"]["hicache_ratio"] == 2.0
+    assert data["prefill"]["model_path"] == data["decode"]["model_path"] == "llama3_8b"
+    assert (data["prefill"]["port"], data["decode"]["port"]) == (30000, 30001)
+    assert data["router"]["url"] == "http://127.0.0.1:8000"
+    assert yaml.safe_load((tmp_path / "dep.yaml").read_text()) == data
+
+    r = run("deploy=pd", "job=resolve", "job.format=json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["prefill"]["disaggregation_mode"] == "prefill" and data["decode"]["disaggregation_mode"] == "decode"
+
+    r = run("deploy=pd", "prefill.parallel.tp_size=2", "job=resolve", "job.format=argv", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "prefill: --model-path tiny --disaggregation-mode prefill --tp-size 2",
+        "decode: --model-path tiny --disaggregation-mode decode --port 30001",
+        "router: --pd-disaggregation --prefill http://127.0.0.1:30000 8998 --decode http://127.0.0.1:30001 "
+        "--host 127.0.0.1 --port 8000 --prometheus-host 127.0.0.1 --prometheus-port 29000",
+    ]
+
+
+def test_pd_from_a_config_file_with_side_sections(tmp_path):
+    (tmp_path / "server.yaml").write_text(
+        "deploy: pd\nmodel: {model_path: meta-llama/Llama-3.1-8B-Instruct}\nschedule: {page_size: 16}\n"
+        "prefill:\n  parallel: {tp_size: 2}\ndecode:\n  serving: {port: 31000}\n")
+    r = run("--config", "server.yaml", "job=resolve", "job.format=argv", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == ("prefill: --model-path meta-llama/Llama-3.1-8B-Instruct --disaggregation-mode prefill "
+                        "--tp-size 2 --page-size 16")
+    assert lines[1].endswith("--disaggregation-mode decode --port 31000")
+    assert "--decode http://127.0.0.1:31000" in lines[2]
+
+
+def test_pd_configuration_errors_exit_2_with_every_problem(tmp_path):
+    r = run("deploy=pd", "prefill.serving.port=31000", "decode.serving.port=31000",
+            "decode.schedule.page_size=64", "prefill.memory.hicache_ratio=x", "job=resolve", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert "prefill.memory.hicache_ratio (--hicache-ratio): 'x' is not a number" in r.stderr
+    r = run("deploy=pd", "prefill.serving.port=31000", "decode.serving.port=31000",
+            "decode.schedule.page_size=64", "job=resolve", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "decode.serving.port: port 31000 is also prefill.serving.port (--port)" in r.stderr
+    r = run("deploy=pd", "decode.schedule.page_size=64", "job=resolve", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "schedule.page_size (--page-size): prefill has 1 but decode has 64" in r.stderr
+    r = run("deploy=pd", "job=setup", cwd=tmp_path)
+    assert r.returncode == 2 and "job=setup works on one record" in r.stderr
+
+
+def test_deploy_single_is_the_ordinary_record(tmp_path):
+    a = run("deploy=single", "schedule.page_size=16", "job=resolve", cwd=tmp_path)
+    b = run("schedule.page_size=16", "job=resolve", cwd=tmp_path)
+    assert a.returncode == b.returncode == 0 and a.stdout == b.stdout
