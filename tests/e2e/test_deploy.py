@@ -49,7 +49,7 @@ def test_pd_from_a_config_file_with_side_sections(tmp_path):
     lines = r.stdout.splitlines()
     assert lines[0] == ("prefill: --model-path meta-llama/Llama-3.1-8B-Instruct --disaggregation-mode prefill "
                         "--tp-size 2 --page-size 16")
-    assert lines[1].endswith("--disaggregation-mode decode --port 31000")
+    assert lines[1].endswith("--disaggregation-mode decode --page-size 16 --port 31000")
     assert "--decode http://127.0.0.1:31000" in lines[2]
 
 
