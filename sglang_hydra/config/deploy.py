@@ -215,6 +215,7 @@ def _load_file_sections(req: DeployRequest) -> bool:
         return False
     source = f"--config {req.config_file}"
     req.file_sections_read = True
+    from_file: List[Tuple[str, Any, str]] = []
     for k, v in data.items():
         k = str(k)
         if k in SIDES:
@@ -231,12 +232,13 @@ def _load_file_sections(req: DeployRequest) -> bool:
                     if str(dk) == "name":
                         req.option = req.option or str(dv)
                     else:
-                        req.deploy_settings.insert(0, (str(dk), dv, source))
+                        from_file.append((str(dk), dv, source))
             else:
                 req.problems.append(Problem("deploy", "--config", f"{source}: 'deploy' must be an option name "
                                             f"(single, pd) or a mapping of deploy keys"))
         else:
             req.file_shared[k] = v
+    req.deploy_settings[:0] = from_file          # the file's deploy keys, then the command line's
     return True
 
 

@@ -135,6 +135,8 @@ def test_config_file_with_sections(tmp_path):
     assert pre.tp_size == 4 and pre.disaggregation_bootstrap_port == 9100
     assert dec.hicache_ratio == 4.0            # the command line beats the file
     assert dep.router.port == 8100
+    dep, _, _ = deploy("--config", str(cfg), "deploy.router_port=8200")
+    assert dep.router.port == 8200
 
 
 def test_config_file_side_problems(tmp_path):
