@@ -47,9 +47,10 @@ def test_dry_run_prints_every_command_and_starts_nothing(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
-def test_single_server_healthy_then_sigterm_is_forwarded(launch, ports):
+def test_single_server_healthy_then_sigterm_is_forwarded(launch, ports, tmp_path):
     (port,) = ports(1)
-    run = launch([f"serving.port={port}", "schedule.page_size=16", *STANDIN])
+    (tmp_path / "server.yaml").write_text(f"port: {port}\nschedule: {{page_size: 16}}\n")
+    run = launch(["--config", str(tmp_path / "server.yaml"), *STANDIN])
     run.wait_for_output("[launch] ready:")
     assert "[server] standin server (healthy) listening on 127.0.0.1:" in run.stdout
     (start,) = [e for e in run.events("server") if e["event"] == "start"]
