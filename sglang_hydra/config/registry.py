@@ -60,11 +60,8 @@ def register_job_schema(name: str, config_cls: type, choices: Optional[Mapping[s
 
 
 def job_schemas() -> Mapping[str, JobSchema]:
-    """Every registered job by name (a read-only view that follows later registrations)."""
-    return _JOB_SCHEMAS_VIEW
-
-
-_JOB_SCHEMAS_VIEW: Mapping[str, JobSchema] = MappingProxyType(_JOB_SCHEMAS)
+    """Every registered job by name (read-only)."""
+    return MappingProxyType(_JOB_SCHEMAS)
 
 
 # ----------------------------------------------------------------- policy parameter checks
