@@ -16,6 +16,8 @@ candidates always run with the same count).
     python scripts/bench_transfer.py                      # CPU, direct (+ kernel fallback rows)
     python scripts/bench_transfer.py --threads 1,2        # CPU, one table per thread count
     python scripts/bench_transfer.py --device cuda        # GPU: kernel vs pinned cudaMemcpy
+
+Exits 1 when any row fails its round-trip check (``MISMATCH``), so scripts can rely on it.
 """
 from __future__ import annotations
 
@@ -124,6 +126,7 @@ def run_table(args, dev, console):
     for col in ("page", "layout", "io", "MB/call", "backup GB/s", "x ceil", "load GB/s", "x ceil", "ceiling GB/s (b/l)"):
         table.add_column(col, justify="right" if col not in ("layout", "io") else "left")
     notes = set()
+    mismatches = 0
     gen = torch.Generator().manual_seed(0)
     for ps in [int(x) for x in args.page_sizes.split(",")]:
         rec = make_record(page_size=ps, num_hidden_layers=args.layers, num_key_value_heads=args.kv_heads,
@@ -158,6 +161,7 @@ def run_table(args, dev, console):
                 x.load(hp, dp)
                 sync(dev)
                 ok = all(torch.equal(raw[k][:, dp], ref[k]) for k in raw)
+                mismatches += not ok
                 io_txt = io if eff == io else f"{io}->{eff}"
                 table.add_row(str(ps), layout, io_txt + ("" if ok else " MISMATCH"), f"{nbytes / 1e6:.1f}",
                               f"{nbytes / tb / 1e9:.2f}", f"{rb:.2f}", f"{nbytes / tl_ / 1e9:.2f}", f"{rl:.2f}",
@@ -168,6 +172,7 @@ def run_table(args, dev, console):
     console.print(table)
     for n_ in sorted(notes):
         console.print(f"note: {n_}")
+    return mismatches
 
 
 def main(argv=None):
@@ -192,11 +197,15 @@ def main(argv=None):
     from rich.console import Console
 
     console = Console(width=200)
+    mismatches = 0
     for nt in [int(x) for x in str(args.threads).split(",")]:
         if nt:
             torch.set_num_threads(nt)
-        run_table(args, dev, console)
+        mismatches += run_table(args, dev, console)
+    if mismatches:
+        console.print(f"FAILED: {mismatches} layout/io rows did not round-trip bit for bit (MISMATCH rows)")
+    return 1 if mismatches else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,7 +2,9 @@
 
 ``compose_record`` turns Hydra overrides and the reference engine's flags into one
 resolved, immutable ``ServerArgs``; later stages (memory pools, caches, PD transfer,
-replay) read only that record.  Importing this package never imports torch or Hydra.
+replay) read only that record.  Importing this package never imports torch or Hydra; it
+registers the built-in jobs and eviction policies with the config layer
+(:mod:`sglang_hydra.plugins`), which imports nothing above itself.
 """
 from __future__ import annotations
 
@@ -35,3 +37,12 @@ def __getattr__(name):
         globals()[name] = value
         return value
     raise AttributeError(f"module 'sglang_hydra' has no attribute {name!r}")
+
+
+def _register_builtins() -> None:
+    from .plugins import load_builtin_plugins
+
+    load_builtin_plugins()
+
+
+_register_builtins()

@@ -3,7 +3,8 @@
 Fields that name a list here (``choices="RADIX_EVICTION_POLICY"``) read it at parse and
 validation time, so a plugin that calls an ``add_*_choices`` hook before the first
 composition makes its new name a legal value everywhere: legacy flags, Hydra overrides and
-presets.
+presets.  The layers above call these hooks when they register something (the cache layer
+for each eviction policy); this module never imports them.
 """
 from __future__ import annotations
 
@@ -19,15 +20,11 @@ _REGISTRY: Dict[str, List[str]] = {
 }
 
 
-_BUILTIN_PROVIDERS = {"RADIX_EVICTION_POLICY": "sglang_hydra.cache.policies"}
-
-
 def choices(name: str) -> List[str]:
-    """The current list registered under ``name`` (after the built-in provider registered its names)."""
-    provider = _BUILTIN_PROVIDERS.pop(name, None)
-    if provider is not None:  # pure Python, registers e.g. ghost_lru; never torch
-        import importlib
-        importlib.import_module(provider)
+    """The current list registered under ``name``.
+
+    Names that the layers above add (``ghost_lru`` from the cache layer's policy registry)
+    are here once ``sglang_hydra.plugins`` has run, which importing the package does."""
     return _REGISTRY[name]
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from dataclasses import dataclass, field, fields as dc_fields
+from dataclasses import MISSING, dataclass, field, fields as dc_fields
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -31,6 +31,7 @@ from .errors import ConfigError, Problem, problem_for
 from .fields import NAMESPACES
 from .legacy import Setting, flag_to_field, split_argv
 from .record import FIELDS, ServerArgs
+from .registry import job_schemas
 
 GROUPS = tuple(NAMESPACES) + ("job",)
 
@@ -96,8 +97,7 @@ def group_options(group: str) -> List[str]:
     d = conf_dir() / group
     names = sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
     if group == "job":
-        from ..jobs.specs import JOB_SPECS
-        names = sorted(set(names) | set(JOB_SPECS))
+        names = sorted(set(names) | set(job_schemas()))
     return names
 
 
@@ -363,13 +363,13 @@ def _apply_namespace(ns: str, data: Dict[str, Any], source: str, keys: Dict[str,
 
 
 def _job_values(job_name: str, job_settings, problems: List[Problem]) -> Dict[str, Any]:
-    from ..jobs.specs import JOB_SPECS
-    spec = JOB_SPECS.get(job_name)
+    jobs = job_schemas()
+    spec = jobs.get(job_name)
     if spec is None:
-        problems.append(Problem("job", None, f"no job '{job_name}'; available: {', '.join(sorted(JOB_SPECS))}{_suggest(job_name, JOB_SPECS)}", "job"))
+        problems.append(Problem("job", None, f"no job '{job_name}'; available: {', '.join(sorted(jobs))}{_suggest(job_name, jobs)}", "job"))
         return {}
     cls = spec.config_cls
-    out = {f.name: (f.default_factory() if callable(getattr(f, 'default_factory', None)) and f.default_factory is not __import__('dataclasses').MISSING else f.default) for f in dc_fields(cls)}
+    out = {f.name: (f.default_factory() if f.default_factory is not MISSING else f.default) for f in dc_fields(cls)}
     types = {f.name: f.type for f in dc_fields(cls)}
     for k, v, src in job_settings:
         if k not in out or k == "name":
@@ -443,7 +443,7 @@ def render_value(v: Any) -> str:
     raise TypeError(f"cannot express {type(v).__name__} as a Hydra override value")
 
 
-_SAFE_KEY = __import__("re").compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SAFE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _quote(s: str) -> str:
@@ -502,8 +502,7 @@ def values_from_cfg(cfg, cmd: Command) -> Composed:
         problems.append(Problem(k, None, f"unknown key{_suggest(k, keys)}", "hydra"))
     job = data.get("job") or {}
     job_name = job.get("name", "resolve")
-    from ..jobs.specs import JOB_SPECS
-    spec = JOB_SPECS.get(job_name)
+    spec = job_schemas().get(job_name)
     if spec is not None:
         allowed = {f.name for f in dc_fields(spec.config_cls)}
         for k in job:

@@ -51,7 +51,7 @@ SCHEMAS: Dict[str, type] = {ns: _schema_class(ns, cls) for ns, cls in NAMESPACES
 
 
 def _root_class() -> type:
-    specs = [(ns, sc, dataclasses.field(default_factory=sc)) for ns, sc in SCHEMAS.items()]
+    specs = [(ns, schema, dataclasses.field(default_factory=schema)) for ns, schema in SCHEMAS.items()]
     specs.append(("job", Any, dataclasses.field(default=None)))
     return dataclasses.make_dataclass("ServerArgsSchema", specs)
 
@@ -62,20 +62,23 @@ _registered = False
 
 
 def register_configs() -> None:
-    """Store the schema, the job options and the generated help page (idempotent)."""
+    """Store the schema, the job options and the generated help page (idempotent).
+
+    The jobs are those registered in :mod:`.registry` (the jobs layer registers them when
+    the package is imported)."""
     global _registered
     if _registered:
         return
     from hydra.core.config_store import ConfigStore
 
-    from ..jobs.specs import JOB_SPECS
     from .help import help_config
+    from .registry import job_schemas
 
-    cs = ConfigStore.instance()
-    cs.store(name=SCHEMA_NAME, node=ROOT_SCHEMA)
-    for name, spec in JOB_SPECS.items():
-        cs.store(group="job", name=name, node=spec.config_cls)
-    cs.store(group="hydra/help", name="sglang_help", node=help_config())
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=ROOT_SCHEMA)
+    for name, job in job_schemas().items():
+        store.store(group="job", name=name, node=job.config_cls)
+    store.store(group="hydra/help", name="sglang_help", node=help_config())
     _registered = True
 
 

@@ -1,12 +1,16 @@
 """What each job is: its config schema (selected with ``job=<name>``) and its entry point.
 
 Only dataclasses live here, so registering the ``job`` group never imports torch; a job's
-implementation module is imported when that job runs.
+implementation module is imported when that job runs.  Importing this module registers
+every job's settings with the config layer (``config.registry``), which composes and checks
+``job.*`` settings without importing this layer; the entry points stay here, for the runner.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Dict, Optional
+
+from ..config.registry import register_job_schema
 
 
 @dataclass
@@ -89,6 +93,8 @@ class LaunchJob:
 
 @dataclass(frozen=True)
 class JobSpec:
+    """A job: its settings class, its implementation and the allowed values of its settings."""
+
     config_cls: type
     entry: str           # "module:function" taking (record, job_cfg, ctx)
     choices: Dict[str, tuple] = field(default_factory=dict)  # field -> allowed values
@@ -104,3 +110,12 @@ JOB_SPECS: Dict[str, JobSpec] = {
     "pd_pair": JobSpec(PdPairJob, "sglang_hydra.jobs.pd:run_pair", {"format": ("table", "json")}),
     "launch": JobSpec(LaunchJob, "sglang_hydra.jobs.launch:run"),
 }
+
+
+def register_job_schemas() -> None:
+    """Tell the config layer about every job above (idempotent; runs on import)."""
+    for job_name, spec in JOB_SPECS.items():
+        register_job_schema(job_name, spec.config_cls, spec.choices)
+
+
+register_job_schemas()

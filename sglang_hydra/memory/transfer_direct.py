@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -36,17 +36,90 @@ _MIN_RUN_BYTES = 32 << 10
 
 @dataclass
 class TransferStats:
-    """Running totals a backend keeps about itself (for metrics and verify)."""
+    """Running totals a backend keeps about itself (for metrics and verify).
+
+    On a GPU the copies of a call are only queued when the call returns, so their time is
+    measured with CUDA events (:class:`CudaEventClock`) and folded into ``seconds`` once
+    they have finished: :meth:`to_dict` and ``TransferBackend.synchronize()`` wait for them;
+    ``seconds`` read directly may not include the calls still in flight."""
 
     calls: int = 0
     bytes: int = 0
     seconds: float = 0.0
     launches: int = 0
+    _pending: List[Tuple[Any, Any]] = field(default_factory=list, repr=False, compare=False)
+
+    def add_pending(self, start_event, end_event) -> None:
+        """Time between two recorded CUDA events, counted once the end event has completed."""
+        self._pending.append((start_event, end_event))
+        if len(self._pending) >= _SETTLE_EVERY:
+            self.settle(wait=False)
+
+    def settle(self, wait: bool = True) -> None:
+        """Fold finished event pairs into ``seconds``, oldest first; with ``wait`` wait for all."""
+        done = 0
+        for start_event, end_event in self._pending:
+            if wait:
+                end_event.synchronize()
+            elif not end_event.query():
+                break
+            self.seconds += start_event.elapsed_time(end_event) / 1e3   # milliseconds -> s
+            done += 1
+        del self._pending[:done]
 
     def to_dict(self):
+        self.settle()
         return {"calls": self.calls, "bytes": self.bytes, "seconds": self.seconds,
                 "launches": self.launches,
                 "gbps": (self.bytes / self.seconds / 1e9) if self.seconds > 0 else None}
+
+
+#: pending GPU timings are folded in (without waiting) once this many have piled up
+_SETTLE_EVERY = 64
+
+
+class WallClock:
+    """Host wall time: right where a copy returns only when it has finished (CPU pools)."""
+
+    method = "wall"
+
+    def start(self):
+        return time.perf_counter()
+
+    def stop(self, started, stats: TransferStats) -> None:
+        stats.seconds += time.perf_counter() - started
+
+
+class CudaEventClock:
+    """CUDA events on the device's current stream: copies there are queued, not done, when
+    the call returns (pinned non-blocking copies, Triton launches), so wall time would count
+    only the queueing."""
+
+    method = "cuda-events"
+
+    def __init__(self, device: torch.device, new_event: Optional[Callable[[], Any]] = None,
+                 current_stream: Optional[Callable[[], Any]] = None):
+        self.device = device
+        self._new_event = new_event or (lambda: torch.cuda.Event(enable_timing=True))
+        self._current_stream = current_stream or (lambda: torch.cuda.current_stream(device))
+
+    def start(self):
+        event = self._new_event()
+        event.record(self._current_stream())
+        return event
+
+    def stop(self, started, stats: TransferStats) -> None:
+        end = self._new_event()
+        end.record(self._current_stream())
+        stats.add_pending(started, end)
+
+
+def clock_for(device: torch.device, **cuda_options):
+    """How copies to or from pools on ``device`` are timed: CUDA events on a CUDA device,
+    wall time otherwise (CPU copies are synchronous).  Never touches the device itself."""
+    if torch.device(device).type == "cuda":
+        return CudaEventClock(torch.device(device), **cuda_options)
+    return WallClock()
 
 
 def _as_index(pages, name: str) -> torch.Tensor:
@@ -84,6 +157,7 @@ class TransferBackend:
         self.requested = requested or self.name
         self.note = note
         self.stats = {"backup": TransferStats(), "load": TransferStats()}
+        self.clock = clock_for(device_pool.device)
         self.page_size = device_pool.page_size
         self.layer_num = device_pool.layer_num
         # (host canonical view, device canonical view) per host buffer family
@@ -175,23 +249,25 @@ class TransferBackend:
         nlayers = self.layer_num if layer is None else 1
         row = sum(self.device_pool.geometry.row_bytes.values())
         nbytes = ((n - 1) * self.page_size + tail) * row * nlayers
-        t0 = time.perf_counter()
-        launches = 0
         pairs = list(self._views(layer))
-        launches += self._copy(pairs, src_pages, dst_pages, tail, to_host)
+        started = self.clock.start()
+        launches = self._copy(pairs, src_pages, dst_pages, tail, to_host)
         st = self.stats[kind]
+        self.clock.stop(started, st)
         st.calls += 1
         st.bytes += nbytes
         st.launches += launches
-        st.seconds += time.perf_counter() - t0
         return nbytes
 
     def _copy(self, pairs, src_pages, dst_pages, tail, to_host) -> int:  # pragma: no cover
         raise NotImplementedError
 
     def synchronize(self) -> None:
+        """Wait for every queued copy; the stats then include their times."""
         if self.device_pool.device.type == "cuda":
             torch.cuda.synchronize(self.device_pool.device)
+        for st in self.stats.values():
+            st.settle()
 
 
 def _copy_block(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool) -> None:
@@ -370,4 +446,5 @@ class DirectTransfer(TransferBackend):
         return 2
 
 
-__all__ = ["TransferBackend", "DirectTransfer", "TransferStats", "consecutive_runs"]
+__all__ = ["TransferBackend", "DirectTransfer", "TransferStats", "WallClock", "CudaEventClock", "clock_for",
+           "consecutive_runs"]

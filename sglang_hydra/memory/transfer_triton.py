@@ -14,14 +14,21 @@ addresses along the innermost contiguous axis; when a whole page (or a whole tok
 is contiguous on both sides the index arithmetic is skipped (``MODE`` 0 / 1).  Data is
 moved as raw integers of the widest width the strides allow, so every dtype (fp8 stored
 as bytes, bf16, fp16, fp32) is copied bit for bit.  The last page may stop after
-``tail`` tokens.  Block size and warps are autotuned on GPUs; under the interpreter
-(``TRITON_INTERPRET=1``) a fixed block is used.
+``tail`` tokens.
+
+Block size and warps follow from the page size (:func:`block_for_page`), the same on a
+GPU and under the interpreter (``TRITON_INTERPRET=1``), so every launch goes through one
+path (:func:`plan_group_launch`, then :func:`launch`).  There is no autotuning: Triton's
+autotuner would run its trial configurations as real copies on the live pools the first
+time each shape is seen, and a copy is memory-bound, so the block only has to be large
+enough to keep every lane busy with wide loads.
 
 Kernels are created lazily, because Triton decides at decoration time whether a function
 is compiled or interpreted.
 """
 import os
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -52,58 +59,133 @@ def kernel_available(device: torch.device) -> Tuple[bool, str]:
     return False, (f"no GPU for the Triton kernels (device {device.type}) and TRITON_INTERPRET is not set")
 
 
-def _page_copy(src, dst, src_pages, dst_pages, n_pages, tail_elems, LSEL,
-               s_c, s_l, s_p, s_t, s_h,
-               d_c, d_l, d_p, d_t, d_h,
-               HD, D, page_elems, MODE: tl.constexpr, BLOCK: tl.constexpr):
-    pid_p = tl.program_id(0)
-    pid_cl = tl.program_id(1)
-    pid_b = tl.program_id(2)
-    c = (pid_cl // LSEL).to(tl.int64)
-    l = (pid_cl % LSEL).to(tl.int64)
-    sp = tl.load(src_pages + pid_p).to(tl.int64)
-    dp = tl.load(dst_pages + pid_p).to(tl.int64)
-    lim = tl.where(pid_p == n_pages - 1, tail_elems, page_elems)
-    e = (pid_b * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
-    mask = e < lim
-    src_base = c * s_c + l * s_l + sp * s_p
-    dst_base = c * d_c + l * d_l + dp * d_p
+def _page_copy(src, dst, src_pages, dst_pages, n_pages, tail_elems, n_layers,
+               src_family_stride, src_layer_stride, src_page_stride, src_token_stride, src_head_stride,
+               dst_family_stride, dst_layer_stride, dst_page_stride, dst_token_stride, dst_head_stride,
+               row_elems, head_dim, page_elems, MODE: tl.constexpr, BLOCK: tl.constexpr):
+    pair = tl.program_id(0)
+    family_layer = tl.program_id(1)
+    block = tl.program_id(2)
+    family = (family_layer // n_layers).to(tl.int64)
+    layer = (family_layer % n_layers).to(tl.int64)
+    src_page = tl.load(src_pages + pair).to(tl.int64)
+    dst_page = tl.load(dst_pages + pair).to(tl.int64)
+    limit = tl.where(pair == n_pages - 1, tail_elems, page_elems)
+    elem = (block * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    mask = elem < limit
+    src_base = family * src_family_stride + layer * src_layer_stride + src_page * src_page_stride
+    dst_base = family * dst_family_stride + layer * dst_layer_stride + dst_page * dst_page_stride
     if MODE == 0:      # whole page contiguous on both sides
-        so = e
-        do = e
+        src_offset = elem
+        dst_offset = elem
     elif MODE == 1:    # each token row (H*D) contiguous on both sides
-        t = e // HD
-        r = e - t * HD
-        so = t * s_t + r
-        do = t * d_t + r
+        token = elem // row_elems
+        in_row = elem - token * row_elems
+        src_offset = token * src_token_stride + in_row
+        dst_offset = token * dst_token_stride + in_row
     else:              # only the innermost dim is contiguous
-        t = e // HD
-        r = e - t * HD
-        h = r // D
-        d = r - h * D
-        so = t * s_t + h * s_h + d
-        do = t * d_t + h * d_h + d
-    x = tl.load(src + src_base + so, mask=mask)
-    tl.store(dst + dst_base + do, x, mask=mask)
+        token = elem // row_elems
+        in_row = elem - token * row_elems
+        head = in_row // head_dim
+        dim = in_row - head * head_dim
+        src_offset = token * src_token_stride + head * src_head_stride + dim
+        dst_offset = token * dst_token_stride + head * dst_head_stride + dim
+    x = tl.load(src + src_base + src_offset, mask=mask)
+    tl.store(dst + dst_base + dst_offset, x, mask=mask)
 
 
 _KERNELS: Dict[bool, object] = {}
 
 
 def _kernel():
-    """The page-copy kernel for the current mode (autotuned when compiled)."""
-    interp = interpreter_on()
-    k = _KERNELS.get(interp)
-    if k is None:
-        jitted = triton.jit(_page_copy)
-        if interp:
-            k = jitted
-        else:
-            configs = [triton.Config({"BLOCK": b}, num_warps=w)
-                       for b in (512, 1024, 2048, 4096) for w in (4, 8)]
-            k = triton.autotune(configs=configs, key=["page_elems", "MODE", "LSEL"])(jitted)
-        _KERNELS[interp] = k
-    return k
+    """The page-copy kernel, compiled or interpreted as ``TRITON_INTERPRET`` says now."""
+    interpreted = interpreter_on()
+    kernel = _KERNELS.get(interpreted)
+    if kernel is None:
+        kernel = _KERNELS[interpreted] = triton.jit(_page_copy)
+    return kernel
+
+
+# ---------------------------------------------------------------------- launch configuration
+#: at most this many bytes per program: 16 KiB keeps 8 warps busy with 16-byte accesses
+#: (64 bytes per lane) while a page of a few KiB still spreads over several programs
+MAX_BYTES_PER_PROGRAM = 16 << 10
+#: smallest block (elements): one warp with four elements per lane
+MIN_BLOCK = 128
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def block_for_page(page_elems: int, elem_bytes: int) -> Tuple[int, int]:
+    """``(BLOCK, num_warps)`` for pages of ``page_elems`` integers of ``elem_bytes`` each.
+
+    A block covers the whole page when the page is at most ``MAX_BYTES_PER_PROGRAM``
+    (rounded up to a power of two, as ``tl.arange`` needs), else the largest power of two
+    within it; warps grow with the bytes a program moves."""
+    if page_elems < 1 or elem_bytes not in (1, 2, 4, 8):
+        raise ValueError(f"no launch for pages of {page_elems} elements of {elem_bytes} bytes")
+    cap = max(MIN_BLOCK, MAX_BYTES_PER_PROGRAM // elem_bytes)
+    block = min(cap, max(MIN_BLOCK, _next_power_of_2(page_elems)))
+    program_bytes = block * elem_bytes
+    warps = 8 if program_bytes >= 16 << 10 else 4 if program_bytes >= 4 << 10 else 2
+    return block, warps
+
+
+@dataclass(frozen=True)
+class GroupLaunch:
+    """One kernel launch: grid, positional arguments and the compile-time/launch options."""
+
+    grid: Tuple[int, int, int]
+    args: Tuple[Any, ...]
+    mode: int
+    block: int
+    num_warps: int
+
+    @property
+    def options(self) -> Dict[str, int]:
+        return {"MODE": self.mode, "BLOCK": self.block, "num_warps": self.num_warps}
+
+
+def copy_mode(src_strides, dst_strides, row_elems: int, head_dim: int) -> int:
+    """0: whole pages contiguous on both sides, 1: token rows contiguous, 2: only head_dim."""
+    if src_strides[2:] == (row_elems, head_dim, 1) and dst_strides[2:] == (row_elems, head_dim, 1):
+        return 0
+    if src_strides[3:] == (head_dim, 1) and dst_strides[3:] == (head_dim, 1):
+        return 1
+    return 2
+
+
+def plan_group_launch(src_views: List[torch.Tensor], dst_views: List[torch.Tensor], src_pages: torch.Tensor,
+                      dst_pages: torch.Tensor, tail_tokens: int) -> GroupLaunch:
+    """The launch copying ``src_pages[i]`` -> ``dst_pages[i]`` for equally shaped families.
+
+    ``src_views``/``dst_views`` are canonical ``(L, P, ps, H, D)`` integer views, one per
+    family of the group; families after the first are reached from the first one's base
+    pointer with a constant stride.  Builds the arguments only (nothing runs), the same
+    way for every device."""
+    families = len(src_views)
+    src0, dst0 = src_views[0], dst_views[0]
+    elem_bytes = src0.element_size()
+    src_family_stride = (src_views[1].data_ptr() - src0.data_ptr()) // elem_bytes if families > 1 else 0
+    dst_family_stride = (dst_views[1].data_ptr() - dst0.data_ptr()) // elem_bytes if families > 1 else 0
+    n_layers, _, page_size, heads, head_dim = src0.shape
+    row_elems = heads * head_dim
+    page_elems = page_size * row_elems
+    src_strides, dst_strides = src0.stride(), dst0.stride()
+    n_pages = src_pages.numel()
+    block, warps = block_for_page(page_elems, elem_bytes)
+    args = (src0, dst0, src_pages, dst_pages, n_pages, tail_tokens * row_elems, n_layers,
+            src_family_stride, *src_strides[:4],
+            dst_family_stride, *dst_strides[:4],
+            row_elems, head_dim, page_elems)
+    grid = (n_pages, families * n_layers, -(-page_elems // block))
+    return GroupLaunch(grid, args, copy_mode(src_strides, dst_strides, row_elems, head_dim), block, warps)
+
+
+def launch(kernel, plan: GroupLaunch) -> None:
+    kernel[plan.grid](*plan.args, **plan.options)
 
 
 _WIDTHS = (torch.int64, torch.int32, torch.int16, torch.uint8)
@@ -137,59 +219,42 @@ class TritonTransfer(TransferBackend):
     def _plan_groups(self):
         pairs = self._pairs
         if len(pairs) == 2:
-            (_, h0, d0), (_, h1, d1) = pairs
-            same = (h0.shape == h1.shape and h0.stride() == h1.stride() and d0.stride() == d1.stride()
-                    and h0.untyped_storage().data_ptr() == h1.untyped_storage().data_ptr()
-                    and d0.untyped_storage().data_ptr() == d1.untyped_storage().data_ptr())
+            (_, host0, dev0), (_, host1, dev1) = pairs
+            same = (host0.shape == host1.shape and host0.stride() == host1.stride()
+                    and dev0.stride() == dev1.stride()
+                    and host0.untyped_storage().data_ptr() == host1.untyped_storage().data_ptr()
+                    and dev0.untyped_storage().data_ptr() == dev1.untyped_storage().data_ptr())
             if same:
                 return [[0, 1]]
         return [[i] for i in range(len(pairs))]
 
-    def _copy(self, pairs, src_pages, dst_pages, tail, to_host) -> int:
-        kernel = _kernel()
-        dev = self.device_pool.device
-        idx_dev = dev if dev.type == "cuda" else torch.device("cpu")
-        n = src_pages.numel()
-        sp = src_pages.to(idx_dev, non_blocking=True)
-        dp = dst_pages.to(idx_dev, non_blocking=True)
-        launches = 0
+    def _page_index(self, pages: torch.Tensor) -> torch.Tensor:
+        """Page ids where the kernel reads them: on the GPU for CUDA pools, else on the host."""
+        device = self.device_pool.device
+        return pages.to(device, non_blocking=True) if device.type == "cuda" else pages
+
+    def plan_launches(self, pairs, src_index, dst_index, tail, to_host) -> List[GroupLaunch]:
+        """Every launch one transfer call makes (arguments only, nothing runs)."""
+        plans = []
         for group in self._groups:
             members = [pairs[i] for i in group]
-            hv = [m[1] for m in members]
-            dv = [m[2] for m in members]
-            src_v, dst_v = (dv, hv) if to_host else (hv, dv)
-            ints = _as_ints(src_v + dst_v)
+            host_views = [m[1] for m in members]
+            device_views = [m[2] for m in members]
+            src_views, dst_views = (device_views, host_views) if to_host else (host_views, device_views)
+            ints = _as_ints(src_views + dst_views)
             if ints is None:  # cannot happen for canonical views; keep a clear message
                 raise RuntimeError("Triton transfer: innermost axis is not contiguous")
             k = len(members)
-            s_views, d_views = ints[:k], ints[k:]
-            s0, d0 = s_views[0], d_views[0]
-            es = s0.element_size()
-            s_c = (s_views[1].data_ptr() - s0.data_ptr()) // es if k > 1 else 0
-            d_c = (d_views[1].data_ptr() - d0.data_ptr()) // es if k > 1 else 0
-            LSEL, _, ps, H, D = s0.shape
-            HD = H * D
-            page_elems = ps * HD
-            ss, ds = s0.stride(), d0.stride()
-            if ss[2:] == (HD, D, 1) and ds[2:] == (HD, D, 1):
-                mode = 0
-            elif ss[3:] == (D, 1) and ds[3:] == (D, 1):
-                mode = 1
-            else:
-                mode = 2
-            args = (s0, d0, sp, dp, n, tail * HD, LSEL,
-                    s_c, ss[0], ss[1], ss[2], ss[3],
-                    d_c, ds[0], ds[1], ds[2], ds[3],
-                    HD, D, page_elems)
-            if interpreter_on() and dev.type != "cuda":
-                block = min(1024, triton.next_power_of_2(page_elems))
-                grid = (n, k * LSEL, triton.cdiv(page_elems, block))
-                kernel[grid](*args, MODE=mode, BLOCK=block)
-            else:
-                grid = lambda meta: (n, k * LSEL, triton.cdiv(page_elems, meta["BLOCK"]))  # noqa: E731
-                kernel[grid](*args, MODE=mode)
-            launches += 1
-        return launches
+            plans.append(plan_group_launch(ints[:k], ints[k:], src_index, dst_index, tail))
+        return plans
+
+    def _copy(self, pairs, src_pages, dst_pages, tail, to_host) -> int:
+        kernel = _kernel()
+        plans = self.plan_launches(pairs, self._page_index(src_pages), self._page_index(dst_pages), tail, to_host)
+        for plan in plans:
+            launch(kernel, plan)
+        return len(plans)
 
 
-__all__ = ["TritonTransfer", "kernel_available", "interpreter_on"]
+__all__ = ["TritonTransfer", "kernel_available", "interpreter_on", "block_for_page", "plan_group_launch",
+           "GroupLaunch", "copy_mode", "launch"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..resolve import Resolving, rule
+from ..rulebook import Resolving, rule
 
 _DCP_DECODE_BACKENDS = ("mooncake", "nixl", "mori", "ascend", "fake")
 _ENCODER_ARCHS = (

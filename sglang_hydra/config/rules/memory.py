@@ -6,7 +6,7 @@ import json
 
 from ..extra_config import parse_extra_config
 from ..policy_params import validate_policy_config
-from ..resolve import Resolving, rule
+from ..rulebook import Resolving, rule
 
 _LINKER_KEYS = ("linker", "linker_module_path", "linker_extra_config")
 _SPECULATIVE = ("EAGLE", "EAGLE3", "NEXTN", "DSPARK", "STANDALONE", "NGRAM", "DFLASH", "UNO", "FROZEN_KV_MTP")

@@ -7,7 +7,7 @@ import functools
 import json
 from pathlib import Path
 
-from ..resolve import Resolving, rule
+from ..rulebook import Resolving, rule
 
 # Geometry keys of an HF config.json and the model fields they fill.
 _HF_KEYS = {

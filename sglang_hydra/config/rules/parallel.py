@@ -1,7 +1,7 @@
 """Rules of the ``parallel`` namespace."""
 from __future__ import annotations
 
-from ..resolve import Resolving, rule
+from ..rulebook import Resolving, rule
 
 
 @rule(1, "X-DP")
