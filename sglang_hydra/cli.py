@@ -62,6 +62,15 @@ def _print_failure(exc: BaseException, prefix: str = "") -> None:
           f"(set {TRACEBACK_ENV}=1 to see the traceback)", file=sys.stderr)
 
 
+def _input_error(exc: BaseException) -> Optional[ConfigError]:
+    """Errors about what the user supplied that are raised outside the config layer (an
+    environment variable with a value its reader cannot use) count as configuration problems."""
+    from .utils.envflags import EnvValueError
+    if isinstance(exc, EnvValueError):
+        return ConfigError([Problem(exc.name, None, str(exc), "environment")])
+    return None
+
+
 def _setup_logging() -> None:
     logging.basicConfig(level=logging.WARNING, format="[%(levelname)s] %(name)s: %(message)s", stream=sys.stderr)
 
@@ -120,6 +129,10 @@ def _direct(cmd, argv: Sequence[str]) -> int:
     except SystemExit as exc:   # a job that reports its own failure (e.g. verify found bad pages)
         return _exit_code(exc)
     except Exception as exc:
+        as_config = _input_error(exc)
+        if as_config is not None:
+            _print_problems(as_config)
+            return EXIT_CONFIG
         _print_failure(exc)
         return EXIT_FAILED
     return EXIT_OK
@@ -174,8 +187,13 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
             message = f"the job exited with status {code}"
             print(f"sglang-hydra: {label}{message}", file=sys.stderr)
         except Exception as exc:
-            _print_failure(exc, label)
-            code, message = EXIT_FAILED, f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+            as_config = _input_error(exc)
+            if as_config is not None:
+                _print_problems(as_config, label)
+                code, message = EXIT_CONFIG, as_config.render()
+            else:
+                _print_failure(exc, label)
+                code, message = EXIT_FAILED, f"{type(exc).__name__}: {' '.join(str(exc).split())}"
         runner.write_error(out_dir, task_overrides, message, code)
         if not multirun:
             single_run["code"] = code

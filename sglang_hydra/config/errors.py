@@ -36,6 +36,7 @@ SOURCE_TITLES: Dict[str, str] = {
     "trace": "found while reading the trace",
     "replay": "found while replaying",
     "python": "a value given from Python",
+    "environment": "an environment variable",
 }
 
 

@@ -119,6 +119,14 @@ def test_sweep_values_that_can_never_work_are_rejected_before_anything_runs(tmp_
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_bad_environment_variable_is_a_config_error():
+    from sglang_hydra.cli import _input_error
+    from sglang_hydra.utils.envflags import EnvValueError
+    err = _input_error(EnvValueError("SGLANG_X", "maybe", "a boolean"))
+    assert err is not None and err.key == "SGLANG_X" and "'maybe'" in err.render()
+    assert _input_error(RuntimeError("boom")) is None
+
+
 def test_failed_return_value_is_nan_only_for_jobs_with_an_objective():
     from omegaconf import OmegaConf
 
