@@ -153,7 +153,7 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
     from .config.compose import Command, conf_dir, hydra_override_list, hydra_problem, parse_overrides, values_from_cfg
     from .config.resolve import resolve
     from .config.schema import register_configs
-    from .jobs import runner
+    from .jobs import failures, runner
     from .jobs.context import JobContext
 
     register_configs()
@@ -165,7 +165,7 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
         task_overrides = list(hc.overrides.task)
         multirun = str(hc.mode) == "RunMode.MULTIRUN"
         out_dir = Path(hc.runtime.output_dir)
-        runner.clear_error(out_dir)
+        failures.clear_error(out_dir)
         label = f"job {hc.job.num} ({' '.join(task_overrides)}): " if multirun else ""
         try:
             per_job = Command()
@@ -194,10 +194,10 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
             else:
                 _print_failure(exc, label)
                 code, message = EXIT_FAILED, f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-        runner.write_error(out_dir, task_overrides, message, code)
+        failures.write_error(out_dir, task_overrides, message, code)
         if not multirun:
             single_run["code"] = code
-        return runner.failed_return_value(cfg)
+        return failures.failed_return_value(cfg)
 
     app = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)
     saved_argv = sys.argv
@@ -206,7 +206,7 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
     # re-raises instead, and the errors are reported here in the command's own format.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     sys.argv = [saved_argv[0] if saved_argv else "sglang-hydra"] + hydra_flags + hydra_override_list(cmd)
-    runner.SWEEP_RUNS.clear()
+    failures.SWEEP_RUNS.clear()
     try:
         app()
     except SystemExit as exc:
@@ -232,22 +232,22 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
 
 def _report_sweeps() -> int:
     """After a sweep: name every failed point (read back from its error.json) and pick the exit code."""
-    from .jobs import runner
+    from .jobs import failures
 
     codes = set()
-    for sweep_dir in runner.SWEEP_RUNS:
-        failures = runner.collect_errors(sweep_dir)
-        if not failures:
+    for sweep_dir in failures.SWEEP_RUNS:
+        failed = failures.collect_errors(sweep_dir)
+        if not failed:
             continue
-        total = runner.count_jobs(sweep_dir)
-        print(f"sglang-hydra: {len(failures)} of {total} sweep jobs failed (sweep dir {sweep_dir}):", file=sys.stderr)
-        for f in failures:
+        total = failures.count_jobs(sweep_dir)
+        print(f"sglang-hydra: {len(failed)} of {total} sweep jobs failed (sweep dir {sweep_dir}):", file=sys.stderr)
+        for f in failed:
             lines = [ln.strip() for ln in (f.get("error") or "").strip().splitlines()]
             problems = [ln[2:] for ln in lines if ln.startswith("- ")]   # a ConfigError's problem lines
             detail = "; ".join(problems or lines)
             print(f"  - job {f['job']} [{' '.join(f.get('overrides') or []) or 'no overrides'}]: "
                   f"exit {f.get('exit_code')}: {detail} ({f['path']})", file=sys.stderr)
-        codes |= {f.get("exit_code") for f in failures}
+        codes |= {f.get("exit_code") for f in failed}
     if not codes:
         return EXIT_OK
     return EXIT_CONFIG if codes == {EXIT_CONFIG} else EXIT_FAILED

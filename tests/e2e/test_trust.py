@@ -130,7 +130,7 @@ def test_a_bad_environment_variable_is_a_config_error():
 def test_failed_return_value_is_nan_only_for_jobs_with_an_objective():
     from omegaconf import OmegaConf
 
-    from sglang_hydra.jobs.runner import failed_return_value
+    from sglang_hydra.jobs.failures import failed_return_value
     v = failed_return_value(OmegaConf.create({"job": {"name": "replay", "objective": "block_hit_rate"}}))
     assert v != v  # NaN: Optuna marks the trial failed and the study goes on
     assert failed_return_value(OmegaConf.create({"job": {"name": "replay"}})) is None

@@ -1,11 +1,8 @@
 """Exact hit-block counts of replay_rules.md §5.1 and the ghost_lru acceptance targets."""
-from pathlib import Path
-
 import pytest
 
 from sglang_hydra.config.testing import make_record
 from sglang_hydra.workload import load_trace, replay
-
 from sglang_hydra.workload.trace import trace_path
 
 TRACE = trace_path("conversation")   # shipped with the package: this test never skips
