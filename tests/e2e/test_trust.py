@@ -258,3 +258,13 @@ def test_the_conversation_trace_ships_and_loads_by_name_and_path(tmp_path):
     r = run("job=replay", f"job.trace={p}", "job.max_requests=10", "job.format=json", "job.progress=false",
             cwd=tmp_path)
     assert r.returncode == 0 and json.loads(r.stdout)["requests"] == 10
+
+
+def test_hydra_path_stdout_is_the_jobs_output_and_the_log_file_keeps_the_details(tmp_path):
+    r = run("job=resolve", "job.format=json", "memory=hicache", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["enable_hierarchical_cache"] is True      # no log lines mixed in
+    log = (tmp_path / "run" / "sglang_hydra.log").read_text()
+    assert "memory.hicache_ratio: None -> 2.0 (M-HR)" in log and "explicitly_set" not in log
+    saved = tmp_path / "run" / ".hydra"
+    assert (saved / "config.yaml").is_file() and "memory=hicache" in (saved / "overrides.yaml").read_text()
