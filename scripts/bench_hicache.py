@@ -40,11 +40,9 @@ GOAL_RATIO = 0.5
 
 
 def default_trace() -> Path:
-    for p in (ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl",
-              Path("/work/shared/traces/conversation_trace.jsonl")):
-        if p.exists():
-            return p
-    return ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
+    """The full conversation trace shipped with the package (``job.trace=conversation``)."""
+    from sglang_hydra.workload.trace import trace_path
+    return trace_path("conversation")
 
 
 def overrides_for(config: str, page_size: int, device_pages: int, storage_dir: str):

@@ -45,9 +45,8 @@ def hit_rate(reqs, policy, cfg, blocks):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_trace = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
-    if not default_trace.exists():
-        default_trace = Path("/work/shared/traces/conversation_trace.jsonl")
+    from sglang_hydra.workload.trace import trace_path
+    default_trace = trace_path("conversation")   # the full trace shipped with the package
     ap.add_argument("--trace", default=str(default_trace))
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--blocks", type=int, default=4000, help="capacity used for timing")

@@ -5,17 +5,32 @@ would swallow or misread them).  A plain single run is composed directly and run
 once; anything that needs Hydra's runtime (``-m`` sweeps, ``--cfg``, ``--info``,
 ``--help``, shell completion, ``hydra.*`` settings) goes through ``@hydra.main`` with the
 legacy flags rendered as overrides in their original position.
+
+Exit status, on every path (direct, ``@hydra.main``, each sweep launcher):
+
+* 0: the job (every job of a sweep) finished;
+* 2: a configuration or input problem, printed one line per problem, no traceback;
+* 1: anything else went wrong, printed as one line (``SGLANG_HYDRA_TRACEBACK=1`` adds
+  the traceback);
+* 130: interrupted.
+
+A failing sweep point does not stop the sweep: it writes ``error.json`` into its job
+directory and the command exits non-zero after the other points ran.
 """
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import List, Optional, Sequence
 
-from .config.errors import ConfigError
+from .config.errors import ConfigError, Problem
 
+EXIT_OK = 0
+EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130   # 128 + SIGINT, what shells report for Ctrl-C
+TRACEBACK_ENV = "SGLANG_HYDRA_TRACEBACK"
 
 
 def _interrupted() -> int:
@@ -25,17 +40,58 @@ def _interrupted() -> int:
     return EXIT_INTERRUPTED
 
 
-def _print_problems(err: ConfigError) -> None:
-    print(f"sglang-hydra: {err.render()}", file=sys.stderr)
+def _print_problems(err: ConfigError, prefix: str = "") -> None:
+    print(f"sglang-hydra: {prefix}{err.render()}", file=sys.stderr)
+
+
+def _want_traceback() -> bool:
+    from .utils.envflags import EnvValueError, env_flag
+    try:
+        return env_flag(TRACEBACK_ENV)
+    except EnvValueError:
+        return True   # a value we cannot read still means the user asked for something
+
+
+def _print_failure(exc: BaseException, prefix: str = "") -> None:
+    """An unexpected error as one line; the traceback only when asked for."""
+    if _want_traceback():
+        import traceback
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    text = " ".join(str(exc).split()) or "(no message)"
+    print(f"sglang-hydra: {prefix}error: {type(exc).__name__}: {text} "
+          f"(set {TRACEBACK_ENV}=1 to see the traceback)", file=sys.stderr)
+
+
+def _input_error(exc: BaseException) -> Optional[ConfigError]:
+    """Errors about what the user supplied that are raised outside the config layer (an
+    environment variable with a value its reader cannot use) count as configuration problems."""
+    from .utils.envflags import EnvValueError
+    if isinstance(exc, EnvValueError):
+        return ConfigError([Problem(exc.name, None, str(exc), "environment")])
+    return None
 
 
 def _setup_logging() -> None:
     logging.basicConfig(level=logging.WARNING, format="[%(levelname)s] %(name)s: %(message)s", stream=sys.stderr)
 
 
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("sglang-hydra")
+    except Exception:  # not installed as a distribution (e.g. run from a source tree)
+        from . import __version__
+        return __version__
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from .config.compose import build_command
+    if "--version" in argv:
+        import hydra
+        import omegaconf
+        print(f"sglang-hydra {_version()} (Hydra {hydra.__version__}, OmegaConf {omegaconf.__version__})")
+        return EXIT_OK
+    from .config.compose import build_command, check_choices
     from .config.deploy import deployment_request
 
     deployment = deployment_request(argv)      # deploy=..., prefill.*/decode.* or such --config sections
@@ -50,17 +106,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _print_problems(err)
         return EXIT_CONFIG
     if hydra_flags or cmd.sweep or cmd.hydra_only:
+        cmd.problems += check_choices(cmd)
         if cmd.problems:
             _print_problems(ConfigError(cmd.problems))
             return EXIT_CONFIG
-        return _hydra_main(cmd, hydra_flags)
-    return _direct(cmd)
+        return _hydra_main(cmd, hydra_flags, argv)
+    return _direct(cmd, argv)
 
 
-def _direct(cmd) -> int:
-    from .config.compose import compose_values, compose_with_hydra, needs_hydra
+def _direct(cmd, argv: Sequence[str]) -> int:
+    from .config.compose import compose_values, compose_with_hydra, hydra_override_list, needs_hydra
     from .config.resolve import resolve
-    from .jobs.context import JobContext
+    from .jobs.context import JobContext, composed_config
     from .jobs.runner import run_job
 
     _setup_logging()
@@ -68,17 +125,28 @@ def _direct(cmd) -> int:
         composed = compose_with_hydra(cmd) if needs_hydra(cmd) and not cmd.problems else \
             compose_values(cmd, raise_problems=False)
         record = resolve(composed.values, explicit=composed.explicit, prior=composed.problems)
-        return _job_status(run_job(composed.job_name, record, composed.job, JobContext()))
+        ctx = JobContext(overrides=tuple(hydra_override_list(cmd)),
+                         config=composed_config(composed.values, composed.job))
+        return _job_status(run_job(composed.job_name, record, composed.job, ctx))
     except ConfigError as err:
         _print_problems(err)
         return EXIT_CONFIG
     except KeyboardInterrupt:
         return _interrupted()
+    except SystemExit as exc:   # a job that reports its own failure (e.g. verify found bad pages)
+        return _exit_code(exc)
+    except Exception as exc:
+        as_config = _input_error(exc)
+        if as_config is not None:
+            _print_problems(as_config)
+            return EXIT_CONFIG
+        _print_failure(exc)
+        return EXIT_FAILED
 
 
 def _job_status(result) -> int:
     """A job may return its exit status (job=launch returns its failed server's); others return data."""
-    return result if type(result) is int else 0
+    return result if type(result) is int else EXIT_OK
 
 
 def _deployment(request) -> int:
@@ -96,50 +164,133 @@ def _deployment(request) -> int:
         return EXIT_CONFIG
     except KeyboardInterrupt:
         return _interrupted()
+    except SystemExit as exc:
+        return _exit_code(exc)
+    except Exception as exc:
+        as_config = _input_error(exc)
+        if as_config is not None:
+            _print_problems(as_config)
+            return EXIT_CONFIG
+        _print_failure(exc)
+        return EXIT_FAILED
 
 
-def _hydra_main(cmd, hydra_flags: List[str]) -> int:
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return EXIT_OK
+    return exc.code if isinstance(exc.code, int) else EXIT_FAILED
+
+
+def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    from .config.compose import Command, conf_dir, hydra_override_list, parse_overrides, values_from_cfg
+    from .config.compose import Command, conf_dir, hydra_override_list, hydra_problem, parse_overrides, values_from_cfg
     from .config.resolve import resolve
     from .config.schema import register_configs
+    from .jobs import failures, runner
     from .jobs.context import JobContext
-    from .jobs.runner import run_job
 
     register_configs()
+    single_run: dict = {}
 
     def task(cfg):
+        from pathlib import Path
         hc = HydraConfig.get()
         task_overrides = list(hc.overrides.task)
-        per_job = Command()
-        parse_overrides(task_overrides, per_job, allow_sweep=False)
+        multirun = str(hc.mode) == "RunMode.MULTIRUN"
+        out_dir = Path(hc.runtime.output_dir)
+        failures.clear_error(out_dir)
+        label = f"job {hc.job.num} ({' '.join(task_overrides)}): " if multirun else ""
         try:
+            per_job = Command()
+            parse_overrides(task_overrides, per_job, allow_sweep=False)
             composed = values_from_cfg(cfg, cmd)
             explicit = composed.explicit | {s.name for s in per_job.settings}
             record = resolve(composed.values, explicit=frozenset(explicit))
+            ctx = JobContext(output_dir=out_dir, multirun=multirun, overrides=tuple(task_overrides))
+            result = runner.run_job(composed.job_name, record, composed.job, ctx)
+            if _job_status(result) != EXIT_OK:
+                raise SystemExit(_job_status(result))
+            return result
+        except KeyboardInterrupt:
+            raise
         except ConfigError as err:
-            _print_problems(err)
-            raise SystemExit(EXIT_CONFIG)
-        multirun = str(hc.mode) == "RunMode.MULTIRUN"
-        from pathlib import Path
-        ctx = JobContext(output_dir=Path(hc.runtime.output_dir), multirun=multirun, overrides=tuple(task_overrides))
-        result = run_job(composed.job_name, record, composed.job, ctx)
-        if _job_status(result):
-            raise SystemExit(_job_status(result))
-        return result
+            _print_problems(err, label)
+            code, message = EXIT_CONFIG, err.render()
+        except SystemExit as exc:
+            code = _exit_code(exc)
+            if code == EXIT_OK:
+                return None
+            message = f"the job exited with status {code}"
+            print(f"sglang-hydra: {label}{message}", file=sys.stderr)
+        except Exception as exc:
+            as_config = _input_error(exc)
+            if as_config is not None:
+                _print_problems(as_config, label)
+                code, message = EXIT_CONFIG, as_config.render()
+            else:
+                _print_failure(exc, label)
+                code, message = EXIT_FAILED, f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        failures.write_error(out_dir, task_overrides, message, code)
+        if not multirun:
+            single_run["code"] = code
+        return failures.failed_return_value(cfg)
 
     app = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)
-    saved = sys.argv
-    sys.argv = [saved[0] if saved else "sglang-hydra"] + hydra_flags + hydra_override_list(cmd)
+    saved_argv = sys.argv
+    saved_full_error = os.environ.get("HYDRA_FULL_ERROR")
+    # Hydra's own reporter prints a stack excerpt and exits 1; with HYDRA_FULL_ERROR set it
+    # re-raises instead, and the errors are reported here in the command's own format.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    sys.argv = [saved_argv[0] if saved_argv else "sglang-hydra"] + hydra_flags + hydra_override_list(cmd)
+    failures.SWEEP_RUNS.clear()
     try:
         app()
     except SystemExit as exc:
-        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+        return _exit_code(exc)
+    except KeyboardInterrupt:
+        return _interrupted()
+    except (HydraException, OmegaConfBaseException) as exc:
+        _print_problems(ConfigError([hydra_problem(exc)]))
+        return EXIT_CONFIG
+    except Exception as exc:
+        _print_failure(exc)
+        return EXIT_FAILED
     finally:
-        sys.argv = saved
-    return 0
+        sys.argv = saved_argv
+        if saved_full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = saved_full_error
+    if "code" in single_run:
+        return single_run["code"]
+    return _report_sweeps()
+
+
+def _report_sweeps() -> int:
+    """After a sweep: name every failed point (read back from its error.json) and pick the exit code."""
+    from .jobs import failures
+
+    codes = set()
+    for sweep_dir in failures.SWEEP_RUNS:
+        failed = failures.collect_errors(sweep_dir)
+        if not failed:
+            continue
+        total = failures.count_jobs(sweep_dir)
+        print(f"sglang-hydra: {len(failed)} of {total} sweep jobs failed (sweep dir {sweep_dir}):", file=sys.stderr)
+        for f in failed:
+            lines = [ln.strip() for ln in (f.get("error") or "").strip().splitlines()]
+            problems = [ln[2:] for ln in lines if ln.startswith("- ")]   # a ConfigError's problem lines
+            detail = "; ".join(problems or lines)
+            print(f"  - job {f['job']} [{' '.join(f.get('overrides') or []) or 'no overrides'}]: "
+                  f"exit {f.get('exit_code')}: {detail} ({f['path']})", file=sys.stderr)
+        codes |= {f.get("exit_code") for f in failed}
+    if not codes:
+        return EXIT_OK
+    return EXIT_CONFIG if codes == {EXIT_CONFIG} else EXIT_FAILED
 
 
 def entry() -> None:
@@ -147,4 +298,10 @@ def entry() -> None:
         code = main()
     except KeyboardInterrupt:      # outside a job: while importing, composing, or under Hydra
         code = _interrupted()
+    except ConfigError as err:
+        _print_problems(err)
+        code = EXIT_CONFIG
+    except Exception as exc:       # a bug outside any job: still one line unless asked
+        _print_failure(exc)
+        code = EXIT_FAILED
     sys.exit(code)

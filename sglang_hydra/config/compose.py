@@ -151,7 +151,8 @@ def parse_overrides(texts: Sequence[str], cmd: Command, *, allow_sweep: bool = F
             (ov,) = parser.parse_overrides([text])
         except HydraException as exc:
             msg = str(exc).strip().splitlines()[0]
-            cmd.problems.append(Problem(text.split("=")[0].lstrip("+~"), None, f"cannot parse override {text!r}: {msg}", "override"))
+            key = text.split("=")[0].lstrip("+~")
+            cmd.problems.append(Problem(key, _flag_of_key(key), f"cannot parse override {text!r}: {msg}{_quoting_hint(text)}", "override"))
             continue
         key = ov.key_or_group
         if key == "hydra" or key.startswith("hydra.") or key.startswith("hydra/"):
@@ -161,6 +162,8 @@ def parse_overrides(texts: Sequence[str], cmd: Command, *, allow_sweep: bool = F
             cmd.sweep = True
             if not allow_sweep:
                 cmd.problems.append(Problem(key, _flag_of_key(key), f"{text!r} is a sweep; run it with -m (multirun)", "override"))
+            else:
+                cmd.problems += _check_sweep_values(ov, text, keys)
             cmd.hydra_overrides.append(text)
             continue
         if ov.is_delete():
@@ -193,6 +196,66 @@ def parse_overrides(texts: Sequence[str], cmd: Command, *, allow_sweep: bool = F
             cmd.problems.append(problem_for(name, f"'+{key}' would add a key that already exists; use {key}=... to change it", "override"))
             continue
         cmd.settings.append(Setting(name, value, f"override {text}"))
+
+
+def _quoting_hint(text: str) -> str:
+    """How to write the value so that Hydra's grammar (and the shell) accept it."""
+    _, _, value = text.partition("=")
+    if not any(ch in value for ch in "{}[]\"'"):
+        return ""
+    return ("; Hydra's grammar wants dict keys as bare words (key={a:1,b:2}); JSON text must be one quoted "
+            "Hydra string, with single quotes around the whole override for the shell: "
+            "'key=\"{\\\"a\\\": 1}\"' (or use the field's legacy --flag, which takes plain JSON)")
+
+
+def _check_sweep_values(ov, text: str, keys: Dict[str, str]) -> List[Problem]:
+    """Problems with the listed values of a choice/range sweep, found before anything runs.
+
+    A value that can never work (not a number, no such preset) is a mistake in the command,
+    not a point that fails on its own; interval sweeps (Optuna) and job settings are checked
+    by each job instead."""
+    key = ov.key_or_group
+    if not (ov.is_choice_sweep() or ov.is_range_sweep()):
+        return []
+    try:
+        values = list(ov.sweep_iterator())
+    except Exception:  # glob() needs Hydra's config loader: left to Hydra
+        return []
+    problems: List[Problem] = []
+    if key in GROUPS:
+        options = group_options(key)
+        for v in values:
+            if str(v) not in options:
+                problems.append(Problem(key, None, f"sweep value {v!r} in {text!r}: no preset '{v}' in group '{key}'; "
+                                                   f"available: {', '.join(options)}{_suggest(str(v), options)}", "override"))
+        return problems
+    name = keys.get(key)
+    if name is None:
+        if not key.startswith("job."):
+            problems.append(Problem(key, None, f"unknown key{_suggest(key, keys)}", "override"))
+        return problems
+    for v in values:
+        _, err = coerce(FIELDS[name], v)
+        if err:
+            problems.append(problem_for(name, f"sweep value {v!r}: {err}", "override"))
+    return problems
+
+
+def check_choices(cmd: Command) -> List[Problem]:
+    """Group selections (``memory=hicache``, ``job=setup``) that name no preset or job."""
+    problems = []
+    for group, option in cmd.choices.items():
+        options = group_options(group)
+        if option not in options:
+            problems.append(Problem(group, None, f"no {'job' if group == 'job' else 'preset'} '{option}' in group "
+                                                 f"'{group}'; available: {', '.join(options)}{_suggest(option, options)}",
+                                    "override"))
+    return problems
+
+
+def hydra_problem(exc: BaseException) -> Problem:
+    """One problem line for an error Hydra or OmegaConf raised while composing."""
+    return Problem("", None, _hydra_message(exc), "hydra")
 
 
 def _flag_of_key(key: str) -> Optional[str]:
@@ -286,9 +349,20 @@ def load_config_file(path: str, cmd: Command) -> None:
     try:
         data = _yaml_load(p)
     except Exception as exc:  # yaml.YAMLError and decoding errors
-        cmd.problems.append(Problem("", "--config", f"{path}: not valid YAML ({str(exc).splitlines()[0]})"))
+        cmd.problems.append(Problem("", "--config", _yaml_error_text(path, exc)))
         return
     settings_from_mapping(data if data is not None else {}, f"--config {path}", cmd, choices_ok=True)
+
+
+def _yaml_error_text(path: str, exc: BaseException) -> str:
+    """``file:line:column: what is wrong`` for a YAML error (1-based, as editors count)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    what = " ".join(x for x in (getattr(exc, "context", None), getattr(exc, "problem", None)) if x)
+    if mark is not None:
+        return f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {what or type(exc).__name__}"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"{path}: not UTF-8 text (byte {exc.start}): not a YAML file?"
+    return f"{path}: not valid YAML: {' '.join(str(exc).split()) or type(exc).__name__}"
 
 
 # --------------------------------------------------------------------------- composition

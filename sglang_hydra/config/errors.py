@@ -7,7 +7,7 @@ and exit with status 2 instead of a traceback.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -21,8 +21,29 @@ class Problem:
         where = self.key or "config"
         if self.flag:
             where += f" ({self.flag})"
-        src = f" [{self.source}]" if self.source and self.source != self.flag else ""
+        src = f" [{describe_source(self.source)}]" if self.source and self.source != self.flag else ""
         return f"{where}: {self.message}{src}"
+
+
+# What the short source codes in a problem line mean, in words.  Resolution rules add their
+# own codes here when they register (see resolve.RULE_TITLES).
+SOURCE_TITLES: Dict[str, str] = {
+    "override": "a command-line override",
+    "preset": "a preset from conf/",
+    "hydra": "Hydra's composition",
+    "job": "the job selection",
+    "setup": "found while setting up the memory",
+    "trace": "found while reading the trace",
+    "replay": "found while replaying",
+    "python": "a value given from Python",
+    "environment": "an environment variable",
+}
+
+
+def describe_source(source: str) -> str:
+    """``CODE: what it means`` for a known code, else the source unchanged."""
+    title = SOURCE_TITLES.get(source)
+    return f"{source}: {title}" if title else source
 
 
 class ConfigError(ValueError):

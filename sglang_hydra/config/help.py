@@ -32,22 +32,100 @@ def field_help_lines() -> List[str]:
     return lines
 
 
+# One line per job setting; a setting missing here is still listed, with its default.
+JOB_FIELD_HELP = {
+    "format": "How the result is printed.",
+    "output": "Also write the rendered record to this file (atomically).",
+    "verify": "Round-trip random pages device->host->device and check them.",
+    "rounds": "How many verify round trips.",
+    "progress": "Show progress bars (off in sweeps).",
+    "trace": "Mooncake JSONL trace: a file path, or a bundled trace by name (conversation: the full "
+             "12,031-request trace; sample: its first 1,000 requests). Unset: the sample.",
+    "workload": "Replay a trace file, or generate synthetic multi-turn conversations.",
+    "max_requests": "Replay only the first N requests.",
+    "mode": "metadata: hit/miss accounting only; full: move real KV bytes through the tiers.",
+    "policy": "Replay-only eviction policy (e.g. belady, fifo) instead of the record's.",
+    "tail_threshold_tokens": "Requests with more uncached tokens than this count as the tail.",
+    "prefill_us_per_token": "Modelled prefill cost per uncached token (microseconds).",
+    "on_bad_line": "A malformed trace line stops the replay (fail) or is skipped and counted (skip).",
+    "seed": "Seed of the synthetic workload.",
+    "conversations": "Synthetic workload: number of conversations.",
+    "turns": "Synthetic workload: turns per conversation.",
+    "prefill": "Decode side: host:port of the prefill side's bootstrap server.",
+    "requests": "How many requests to transfer (prefill side: unset serves until idle).",
+    "pages_per_request": "KV pages moved per request.",
+    "timeout": "Seconds before the whole exchange is given up.",
+    "idle_timeout": "Prefill side: stop after this many idle seconds.",
+    "objective": "The metric this job returns to an optimising sweeper (Optuna).",
+    "pd_pair.requests": "How many requests to transfer.",
+    "pd_pair.verify": "Check that every transferred page arrived intact.",
+}
+
+
+def job_help_lines() -> List[str]:
+    """Every job (``job=<name>``) with each of its ``job.*`` settings, default and choices."""
+    import dataclasses
+
+    from ..jobs.specs import JOB_SPECS
+
+    lines: List[str] = []
+    for name, spec in sorted(JOB_SPECS.items()):
+        doc = (spec.config_cls.__doc__ or "").strip().splitlines()
+        lines.append(f"job={name}: {doc[0] if doc else ''}")
+        for f in dataclasses.fields(spec.config_cls):
+            if f.name == "name":
+                continue
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            text = JOB_FIELD_HELP.get(f"{name}.{f.name}", JOB_FIELD_HELP.get(f.name, ""))
+            if f.name in spec.choices:
+                text += f" Choices: {', '.join(map(str, spec.choices[f.name]))}."
+            lines.append(f"  job.{f.name}={default!r}")
+            if text.strip():
+                lines += textwrap.wrap(text.strip(), width=96, initial_indent="      ", subsequent_indent="      ")
+        lines.append("")
+    return lines
+
+
+CONFIG_FILE_HELP = """\
+--config FILE (.yaml/.yml) holds settings in any of these spellings, mixed freely:
+  memory:                      # a namespace with its fields (as in --cfg job)
+    hicache_ratio: 3
+  schedule.page_size: 64       # a dotted key
+  hicache_write_policy: write_through   # a bare field name
+  disaggregation-mode: prefill # a legacy flag name (without --)
+  model: tiny                  # a preset of a group (like model=tiny)
+  job:                         # the job's settings (job.* keys below)
+    format: json
+Precedence, lowest first: field defaults < presets in conf/config.yaml < presets you select
+(memory=hicache) < --config FILE < the command line (overrides and legacy flags, in the order
+written; the last one wins). A complete example: docs/examples/server.yaml in the repository:
+  sglang-hydra --config docs/examples/server.yaml job=resolve
+"""
+
+
 def help_config():
     from hydra.conf import HelpConf
 
     body = "\n".join(field_help_lines()).replace("$", "$$")
+    jobs = "\n".join(job_help_lines()).replace("$", "$$")
+    config_file = CONFIG_FILE_HELP.replace("$", "$$")
     template = (
         "${hydra.help.header}\n"
         "Settings are Hydra overrides (key=value, group=option) or the reference engine's\n"
         "flags; both may be mixed and the last occurrence of a setting wins.\n\n"
         "== Config groups ==\n$APP_CONFIG_GROUPS\n"
-        "== Fields: key=default [legacy flags] ==\n"
+        "== Jobs: job=<name>, then job.<key>=value ==\n"
+        + jobs.replace("${", "$${") +
+        "\n== Config file: --config FILE ==\n"
+        + config_file.replace("${", "$${") +
+        "\n== Fields: key=default [legacy flags] ==\n"
         + body.replace("${", "$${") +
         "\n${hydra.help.footer}\n"
     )
     return HelpConf(
         app_name="sglang-hydra",
         header="sglang-hydra: compose SGLang memory/disaggregation settings and run jobs on them.",
-        footer="Hydra's own flags: run 'sglang-hydra --hydra-help'. Examples in README.md.",
+        footer="Hydra's own flags: run 'sglang-hydra --hydra-help'. 'sglang-hydra --version' prints the version.\n"
+               "Environment: SGLANG_HYDRA_TRACEBACK=1 adds the traceback to an unexpected error. Examples in README.md.",
         template=template,
     )

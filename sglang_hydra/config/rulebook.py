@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from .errors import problem_for
+from .errors import SOURCE_TITLES, problem_for
 from .record import FIELDS
 
 
@@ -22,10 +22,39 @@ class Rule:
 
 RULES: List[Rule] = []
 
+# Every rule code in words; a problem line shows the code in brackets followed by this.
+RULE_TITLES: Dict[str, str] = {
+    "model-geometry": "model geometry taken from a local checkpoint's config.json",
+    "X-DP": "attention data-parallel settings",
+    "M-HR": "host-memory size of the hierarchical cache",
+    "X-RS": "response store versus PD disaggregation",
+    "device-default": "device detection",
+    "D-PD": "prefill/decode disaggregation settings",
+    "X-POD": "prefill-only server without a KV cache",
+    "X-NPU": "Ascend NPU defaults",
+    "X-CPU": "defaults for a CPU device",
+    "X-DRC": "cases that turn the radix cache off",
+    "page-size-default": "default page size",
+    "M-HC": "hierarchical cache (HiCache) settings",
+    "D-SPEC": "speculative decoding with PD disaggregation",
+    "D-ENC": "encoder disaggregation settings",
+    "M-CC": "cache features that cannot be combined",
+    "M-PM": "page-major KV layout",
+    "M-UM": "unified memory settings",
+    "X-DLLM": "diffusion language model settings",
+    "D-OPT": "optimistic prefill",
+    "RT-5": "the storage backend's extra config (JSON or @file)",
+    "RT-8": "the hisparse config",
+}
+
 
 def rule(step: float, rule_id: str):
     """Register a resolution rule to run at ``step`` (lower runs first)."""
     def deco(fn):
+        if rule_id not in SOURCE_TITLES:
+            doc = (fn.__doc__ or "").strip().splitlines()
+            SOURCE_TITLES[rule_id] = RULE_TITLES.get(rule_id) or \
+                (doc[0].rstrip(".") if doc else fn.__name__.replace("_", " "))
         RULES.append(Rule(step, rule_id, fn))
         RULES.sort(key=lambda r: r.step)
         return fn
@@ -63,7 +92,7 @@ class Resolving:
             old = self.values[k]
             self.values[k] = v
             self.log.append((self.current_rule, k, old, v))
-            if old != v:
+            if old != v and not k.startswith("_"):   # internal bookkeeping fields stay out of the log
                 text = f"{FIELDS[k].key}: {old!r} -> {v!r} ({self.current_rule})"
                 if warn:
                     text += f": {warn}"

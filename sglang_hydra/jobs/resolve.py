@@ -9,7 +9,8 @@ from .context import JobContext, atomic_write
 
 
 def render(record, fmt: str) -> str:
-    values = record.to_dict()
+    # Internal bookkeeping fields (``_..._explicitly_set``) are not settings: not shown.
+    values = {k: v for k, v in record.to_dict().items() if not k.startswith("_")}
     if fmt == "json":
         return json.dumps(values, indent=2)
     if fmt == "argv":

@@ -26,6 +26,8 @@ __all__ = [
     "iter_trace",
     "load_trace",
     "default_trace_path",
+    "trace_path",
+    "NAMED_TRACES",
     "ON_BAD_LINE_CHOICES",
 ]
 
@@ -62,14 +64,22 @@ class Request:
 
 
 class TraceError(ValueError):
-    """A malformed trace line.  ``line`` is 1-based; ``path`` may be None."""
+    """A trace that cannot be used.
+
+    ``line`` is the 1-based number of a malformed line, or 0 when the problem is the file as
+    a whole (missing, a directory, unreadable, empty); ``path`` may be None.
+    """
 
     def __init__(self, reason: str, line: int, path: Optional[str] = None):
         self.reason = reason
         self.line = line
         self.path = path
-        where = f"{path}:{line}" if path else f"line {line}"
-        super().__init__(f"{where}: malformed trace line: {reason}")
+        if line:
+            where = f"{path}:{line}" if path else f"line {line}"
+            text = f"{where}: malformed trace line: {reason}"
+        else:
+            text = f"{path}: {reason}" if path else reason
+        super().__init__(text)
 
 
 @dataclass
@@ -138,10 +148,11 @@ def iter_trace(path: Union[str, os.PathLike], *, on_bad_line: str = "fail",
         raise ValueError(f"on_bad_line must be one of {ON_BAD_LINE_CHOICES}, got {on_bad_line!r}")
     if max_requests is not None and max_requests <= 0:
         return
+    path = trace_path(path)
     spath = str(path)
     count = 0
-    with open(path, "r", encoding="utf-8") as fh:
-        for lineno, text in enumerate(fh, start=1):
+    with _open_trace(path) as fh:
+        for lineno, text in _lines(fh, spath):
             if not text.strip():
                 continue
             try:
@@ -158,23 +169,80 @@ def iter_trace(path: Union[str, os.PathLike], *, on_bad_line: str = "fail",
                 return
 
 
+def _open_trace(path):
+    """Open a trace for reading; every reason it cannot be read becomes a :class:`TraceError`."""
+    spath = str(path)
+    named = ", ".join(NAMED_TRACES)
+    try:
+        return open(path, "r", encoding="utf-8")
+    except IsADirectoryError:
+        raise TraceError(f"is a directory, not a trace file; give a JSONL file or a named trace ({named})",
+                         0, spath) from None
+    except FileNotFoundError:
+        raise TraceError(f"no such trace file; give an existing JSONL file or a named trace ({named})",
+                         0, spath) from None
+    except PermissionError:
+        raise TraceError("cannot read the trace file: permission denied", 0, spath) from None
+    except OSError as exc:
+        raise TraceError(f"cannot read the trace file: {exc.strerror or exc}", 0, spath) from None
+
+
+def _lines(fh, spath: str):
+    """Numbered lines; a read or decoding failure names the file instead of raising raw."""
+    lineno = 0
+    try:
+        for lineno, text in enumerate(fh, start=1):
+            yield lineno, text
+    except UnicodeDecodeError:
+        raise TraceError("not UTF-8 text (is this a JSONL trace?)", lineno + 1, spath) from None
+    except OSError as exc:
+        raise TraceError(f"cannot read the trace file: {exc.strerror or exc}", 0, spath) from None
+
+
+# Traces shipped in sglang_hydra/workload/data (see the README there for their origin).
+NAMED_TRACES = {
+    "sample": "conversation_sample.jsonl",         # the first 1,000 requests; the default
+    "conversation": "conversation_trace.jsonl",    # the whole Mooncake conversation trace
+}
+
+
+def _bundled(filename: str) -> Path:
+    return Path(str(resources.files("sglang_hydra.workload") / "data" / filename))
+
+
 def default_trace_path() -> Path:
     """The bundled sample (first 1,000 requests of the Mooncake conversation trace)."""
-    return Path(str(resources.files("sglang_hydra.workload") / "data" / "conversation_sample.jsonl"))
+    return _bundled(NAMED_TRACES["sample"])
+
+
+def trace_path(trace: Union[str, os.PathLike, None]) -> Path:
+    """Where a ``job.trace`` value points: None is the bundled sample, a name from
+    :data:`NAMED_TRACES` is a bundled trace, anything else is a file path."""
+    if trace is None:
+        return default_trace_path()
+    if isinstance(trace, str) and trace in NAMED_TRACES:
+        return _bundled(NAMED_TRACES[trace])
+    return Path(trace)
 
 
 def load_trace(path: Union[str, os.PathLike, None] = None, *, on_bad_line: str = "fail",
                max_requests: Optional[int] = None, block_size: int = BLOCK_SIZE) -> Trace:
-    """Read a whole trace (``None`` = the bundled sample).
+    """Read a whole trace (``None`` = the bundled sample; a name from :data:`NAMED_TRACES`
+    = that bundled trace).
 
     With ``on_bad_line="skip"`` a single :class:`UserWarning` reports how many lines
-    were skipped and the first of them.
+    were skipped and the first of them.  A trace without a single usable request is a
+    :class:`TraceError`: replaying nothing would print a meaningless 0 % hit rate.
     """
-    if path is None:
-        path = default_trace_path()
+    path = trace_path(path)
     bad: List[Tuple[int, str]] = []
     reqs = list(iter_trace(path, on_bad_line=on_bad_line, max_requests=max_requests,
                            block_size=block_size, bad_lines=bad))
+    if not reqs and (max_requests is None or max_requests > 0):
+        if bad:
+            raise TraceError(f"no usable request: all {len(bad)} non-blank line(s) are malformed "
+                             f"(first at line {bad[0][0]}: {bad[0][1]})", 0, str(path))
+        raise TraceError("the trace holds no requests (the file is empty or has only blank lines)", 0, str(path))
     if bad:
         line, reason = bad[0]
         warnings.warn(f"{path}: skipped {len(bad)} malformed line(s); first at line {line}: "

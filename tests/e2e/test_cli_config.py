@@ -93,6 +93,8 @@ def test_wheel_ships_conf_and_runs_elsewhere(tmp_path):
     import zipfile
     names = zipfile.ZipFile(wheel).namelist()
     assert "sglang_hydra/conf/config.yaml" in names and "sglang_hydra/conf/memory/hicache.yaml" in names
+    for data in ("conversation_trace.jsonl", "conversation_sample.jsonl", "NOTICE", "README.md"):
+        assert f"sglang_hydra/workload/data/{data}" in names   # the traces and their license note ship
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False, system_site_packages=False).create(env_dir)
     target = tmp_path / "site"

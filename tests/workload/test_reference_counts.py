@@ -1,17 +1,11 @@
 """Exact hit-block counts of replay_rules.md §5.1 and the ghost_lru acceptance targets."""
-from pathlib import Path
-
 import pytest
 
 from sglang_hydra.config.testing import make_record
 from sglang_hydra.workload import load_trace, replay
+from sglang_hydra.workload.trace import trace_path
 
-TRACE = Path("/work/shared/traces/conversation_trace.jsonl")
-for parent in Path(__file__).resolve().parents:
-    cand = parent / "shared" / "traces" / "conversation_trace.jsonl"
-    if cand.exists():
-        TRACE = cand
-        break
+TRACE = trace_path("conversation")   # shipped with the package: this test never skips
 
 EXPECTED = {
     "lru": {1000: 12847, 4000: 24964, 16000: 75791, 64000: 103648},
@@ -20,7 +14,9 @@ EXPECTED = {
     "belady": {1000: 51705, 4000: 92472, 16000: 105710, 64000: 105710},
 }
 
-pytestmark = pytest.mark.skipif(not TRACE.exists(), reason="full conversation trace not present")
+
+def test_the_full_trace_ships_with_the_package():
+    assert TRACE.is_file() and TRACE.stat().st_size == 3_029_533
 
 
 @pytest.fixture(scope="module")
