@@ -73,6 +73,14 @@ class PdPairJob:
     format: str = "table"                # table | json
 
 
+@dataclass
+class PlanJob:
+    """Print the memory plan for the selected hardware, allocating nothing."""
+
+    name: str = "plan"
+    format: str = "table"                # table | json
+
+
 @dataclass(frozen=True)
 class JobSpec:
     config_cls: type
@@ -88,4 +96,5 @@ JOB_SPECS: Dict[str, JobSpec] = {
         "mode": ("metadata", "full")}),
     "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd:run_side"),
     "pd_pair": JobSpec(PdPairJob, "sglang_hydra.jobs.pd:run_pair", {"format": ("table", "json")}),
+    "plan": JobSpec(PlanJob, "sglang_hydra.jobs.plan:run", {"format": ("table", "json")}),
 }

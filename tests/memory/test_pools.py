@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from sglang_hydra.hostmem import HostMemoryInfo
+from sglang_hydra.memory.hostmem import HostMemoryInfo
 from sglang_hydra.memory import build_memory, make_plan
 from sglang_hydra.memory.device_pool import AllocatorError, PageAllocator
 from sglang_hydra.memory.errors import MemorySetupError
