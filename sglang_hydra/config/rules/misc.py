@@ -58,9 +58,10 @@ def geometry_from_checkpoint(cfg: Resolving) -> None:
     if "head_dim" not in found and text.get("hidden_size") and text.get("num_attention_heads"):
         found["head_dim"] = text["hidden_size"] // text["num_attention_heads"]
     from ..model_size import estimate_num_parameters
-    params = estimate_num_parameters(text)
-    if params is not None:
-        found["num_parameters"] = params
+    # None where config.json cannot say: the tiny defaults must not pass for this model's size
+    found["num_parameters"] = estimate_num_parameters(text)
+    for key in ("hidden_size", "num_attention_heads"):
+        found.setdefault(key, None)
     archs = hf.get("architectures") or []
     if archs:
         found["architecture"] = archs[0]
