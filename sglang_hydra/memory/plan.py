@@ -192,6 +192,10 @@ def default_mem_fraction(record: Any, gpu_bytes: int) -> Tuple[float, str]:
     if gpu_bytes / GiB > 60:
         reserved = max(reserved, 10240)
     frac = round((mb - reserved) / mb, 3)
+    if frac <= 0:
+        raise setup_error("mem_fraction_static",
+                          f"the reference default reserves {reserved:,.0f} MB for activations and the runtime, more "
+                          f"than the {gpu_bytes / GB:.1f} GB GPU has; set --mem-fraction-static explicitly")
     return frac, f"reference default for a {gpu_bytes / GB:.0f} GB GPU ({reserved:,.0f} MB reserved)"
 
 
