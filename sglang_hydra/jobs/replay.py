@@ -38,6 +38,8 @@ def run(record, job: dict, ctx: JobContext) -> dict:
             result = full_replay(record, requests, **kwargs)
         else:
             result = replay(record, requests, **kwargs)
+    except ConfigError:
+        raise                      # already names its keys (memory plan, hardware)
     except ValueError as exc:
         raise ConfigError([Problem("job", None, str(exc), "replay")]) from None
     data = result.to_dict()

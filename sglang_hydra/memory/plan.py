@@ -223,10 +223,10 @@ def make_plan(record: Any, device: Optional[str] = None, *, hardware: Any = None
     lets any layout run with any of our io backends (benchmarks); ``check_io=False`` skips
     the (torch-importing) check of which io backend would run here.
     """
-    from .target import resolve_target
+    from .target import default_hardware, resolve_target
 
     geo = kv_geometry(record, require_known=True)
-    hw_in = hardware
+    hw_in = hardware if hardware is not None else default_hardware()
     is_target = hw_in is not None and not hw_in.is_local
     if is_target:
         dev = "cuda"

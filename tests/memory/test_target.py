@@ -309,3 +309,23 @@ def test_failed_registration_is_an_error(monkeypatch):
     rec = small_record(enable_hierarchical_cache=True, hicache_ratio=2.0, hicache_host_memory_fraction=None)
     with pytest.raises(RuntimeError, match="cudaHostRegister"):
         hp.HostKVPool(kv_geometry(rec), "page_first", 64, pin_memory=True)
+
+
+def test_hardware_scope_reaches_spawned_children():
+    """Jobs that allocate in code they do not own (full replay, both PD processes) still see
+    the job's hardware: the scope rides in the environment and is restored afterwards."""
+    import os
+    from sglang_hydra.memory.target import HARDWARE_ENV, hardware_scope
+    code = ("from sglang_hydra.config.testing import make_record; from sglang_hydra.memory.plan import make_plan;"
+            "p = make_plan(make_record(enable_hierarchical_cache=True, max_total_tokens=64, page_size=4));"
+            "print(p.host_memory['note'])")
+    before = os.environ.get(HARDWARE_ENV)
+    with hardware_scope(local_hardware(host_memory_gb=12.5)):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("12.5 GB, hardware.host_memory_gb")
+    assert os.environ.get(HARDWARE_ENV) == before
+    with hardware_scope(preset_hardware("h100_80gb")):
+        from sglang_hydra.memory import build_memory
+        with pytest.raises(ConfigError, match="job=plan"):
+            build_memory(small_record())
