@@ -112,7 +112,9 @@ class MemoryPlan:
             lines.append(
                 f"  host{purpose} [{self.host_layout}] {self.host_tokens:,} tokens = {self.host_pages:,} pages, "
                 f"{self.host_bytes / GiB:.3f} GiB{' pinned (exact size)' if self.pin_memory else ''}; "
-                f"sized by {self.host_budget_reason}")
+                f"sized by {self.host_budget_reason}"
+                + (f"; host budget {self.host_budget_bytes / GB:,.1f} GB/rank after the 10 GiB reserve"
+                   if self.host_budget_bytes is not None else ""))
             io = self.io_backend_effective
             if io != self.io_backend:
                 io = f"{self.io_backend} -> {io}"
@@ -233,8 +235,9 @@ def make_plan(record: Any, device: Optional[str] = None, *, hardware: Any = None
     else:
         dev = resolve_device(record, device)
     on_cuda = dev.startswith("cuda")
+    # nothing to read when the caller hands over the host memory for a CPU run
     target = resolve_target(hw_in, device=dev, proc_root=proc_root, cgroup_root=cgroup_root) \
-        if host_memory is None or is_target or on_cuda else None
+        if host_memory is None or hw_in is not None or on_cuda else None
     hw = target.hardware if target is not None else None
     ps = geo.page_size
     bpt = geo.bytes_per_token
