@@ -259,7 +259,7 @@ def test_decode_backup_pool_ignores_live_free_memory(monkeypatch):
     rec = small_record(disaggregation_mode="decode", max_total_tokens=64)
     p = make_plan(rec, hardware=local_hardware())
     assert p.retraction_backup == "host_pool" and p.host_tokens > 0 and p.host_budget_bytes is None
-    assert any("not sized against live free host memory" in n for n in p.notes)
+    assert any("not sized against this machine's host memory" in n for n in p.notes)
     # with HiCache the live reference rule still applies (and 1 GiB is below the reserve)
     with pytest.raises(MemorySetupError):
         make_plan(small_record(enable_hierarchical_cache=True, max_total_tokens=64), hardware=local_hardware())
@@ -329,3 +329,19 @@ def test_hardware_scope_reaches_spawned_children():
         from sglang_hydra.memory import build_memory
         with pytest.raises(ConfigError, match="job=plan"):
             build_memory(small_record())
+
+
+def test_decode_backup_pool_on_a_small_cpu_host_never_fails(tmp_path):
+    """8 GiB of RAM is below the 10 GiB reserve: HiCache cannot size a host tier there, but
+    a decode server's backup-only pool must still come up."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "meminfo").write_text("MemTotal: 8388608 kB\nMemAvailable: 4194304 kB\n")
+    p = make_plan(small_record(disaggregation_mode="decode", max_total_tokens=64), proc_root=str(proc))
+    assert p.retraction_backup == "host_pool" and p.host_tokens > 0 and p.host_budget_bytes is None
+    with pytest.raises(MemorySetupError):
+        make_plan(small_record(enable_hierarchical_cache=True, max_total_tokens=64), proc_root=str(proc))
+    # stated host RAM is a what-if statement: the rule applies to it
+    with pytest.raises(MemorySetupError):
+        make_plan(small_record(disaggregation_mode="decode", max_total_tokens=64),
+                  hardware=local_hardware(host_memory_gb=8))
