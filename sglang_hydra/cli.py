@@ -126,8 +126,10 @@ def _direct(cmd, argv: Sequence[str]) -> int:
             compose_values(cmd, raise_problems=False)
         record = resolve(composed.values, explicit=composed.explicit, prior=composed.problems)
         ctx = JobContext(overrides=tuple(hydra_override_list(cmd)),
-                         config=composed_config(composed.values, composed.job))
-        return _job_status(run_job(composed.job_name, record, composed.job, ctx))
+                         config=composed_config(composed.values, composed.job), hardware=composed.hardware)
+        from .memory.target import hardware_scope
+        with hardware_scope(composed.hardware):
+            return _job_status(run_job(composed.job_name, record, composed.job, ctx))
     except ConfigError as err:
         _print_problems(err)
         return EXIT_CONFIG
@@ -210,8 +212,11 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
             composed = values_from_cfg(cfg, cmd)
             explicit = composed.explicit | {s.name for s in per_job.settings}
             record = resolve(composed.values, explicit=frozenset(explicit))
-            ctx = JobContext(output_dir=out_dir, multirun=multirun, overrides=tuple(task_overrides))
-            result = runner.run_job(composed.job_name, record, composed.job, ctx)
+            ctx = JobContext(output_dir=out_dir, multirun=multirun, overrides=tuple(task_overrides),
+                             hardware=composed.hardware)
+            from .memory.target import hardware_scope
+            with hardware_scope(composed.hardware):
+                result = runner.run_job(composed.job_name, record, composed.job, ctx)
             if _job_status(result) != EXIT_OK:
                 raise SystemExit(_job_status(result))
             return result

@@ -17,6 +17,7 @@ class JobContext:
     # The composed config to save as .hydra/config.yaml when this context creates the
     # directory itself (Hydra saves its own on the @hydra.main path).
     config: Optional[Dict[str, Any]] = None
+    hardware: Any = None                  # config.hardware.Hardware to size for (None: local)
     _made: bool = field(default=False, repr=False)
 
     def out_dir(self) -> Path:

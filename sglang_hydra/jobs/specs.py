@@ -91,6 +91,14 @@ class LaunchJob:
     dry_run: bool = False                    # print the command lines, start nothing
 
 
+@dataclass
+class PlanJob:
+    """Print the memory plan for the selected hardware, allocating nothing."""
+
+    name: str = "plan"
+    format: str = "table"                # table | json
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A job: its settings class, its implementation and the allowed values of its settings."""
@@ -109,6 +117,7 @@ JOB_SPECS: Dict[str, JobSpec] = {
     "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd:run_side"),
     "pd_pair": JobSpec(PdPairJob, "sglang_hydra.jobs.pd:run_pair", {"format": ("table", "json")}),
     "launch": JobSpec(LaunchJob, "sglang_hydra.jobs.launch:run"),
+    "plan": JobSpec(PlanJob, "sglang_hydra.jobs.plan:run", {"format": ("table", "json")}),
 }
 
 
