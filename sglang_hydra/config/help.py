@@ -7,7 +7,7 @@ from typing import List
 from .coerce import allowed_choices
 from .fields import NAMESPACES
 from .record import fields_of_namespace
-from .spec import flags_of
+from .spec import flags_of, has_flag
 
 
 def field_help_lines() -> List[str]:
@@ -20,13 +20,15 @@ def field_help_lines() -> List[str]:
         for fi in fields_of_namespace(ns):
             if fi.arg.no_cli:
                 continue
-            flags = "" if fi.arg.hydra_only else "  [" + ", ".join(flags_of(fi.name, fi.arg)) + "]"
+            flags = "  [" + ", ".join(flags_of(fi.name, fi.arg)) + "]" if has_flag(fi.arg) else ""
             default = fi.default_value()
             lines.append(f"  {fi.key}={default!r}{flags}")
             text = fi.arg.help
             opts = allowed_choices(fi)
             if opts:
-                text += f" Choices: {', '.join(opts)}."
+                text += f" Choices: {', '.join(map(str, opts))}."
+            if not text:
+                continue  # a reference field without a rule here: `sglang serve --help` explains it
             lines += textwrap.wrap(text, width=96, initial_indent="      ", subsequent_indent="      ")
         lines.append("")
     return lines

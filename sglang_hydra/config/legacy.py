@@ -19,10 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .coerce import allowed_choices, base_type
 from .errors import Problem
 from .record import FIELDS, FieldInfo
-from .spec import flags_of, primary_flag
-
-# Flags the reference registers by hand that map onto record fields.
-_DEPRECATED_FLAGS = {"--enable-dp-attention": "enable_dp_attention"}
+from .spec import FlagSpec, flags_of, has_flag, primary_flag
 
 # Hydra's own command-line flags: name -> takes a value.
 HYDRA_FLAGS = {
@@ -50,49 +47,172 @@ def json_list_type(text: str):
         raise argparse.ArgumentTypeError(f"Invalid JSON list: {text}. Please provide a valid JSON list.")
 
 
-def _type_func(fi: FieldInfo):
-    if fi.arg.parser == "json":
-        return _json_loads
-    if fi.arg.parser == "json_list":
-        return json_list_type
+def nullable_str(text: str):
+    """Empty text or the word ``None`` means unset, as in the reference."""
+    return None if not text or text == "None" else text
+
+
+_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
+
+
+def human_readable_int(text: str) -> int:
+    """An integer with an optional SI (1k, 2.5M) or IEC (1Ki, 4Gi) suffix; suffixes are case-sensitive."""
+    from decimal import Decimal
+    text = text.strip()
+    m = _SUFFIXED.fullmatch(text)
+    if m:
+        number, suffix = m.groups()
+        if suffix in _IEC:
+            if "." in number:
+                raise argparse.ArgumentTypeError(f"{text!r}: an IEC suffix ({suffix}) takes a whole number")
+            return int(number) * _IEC[suffix]
+        return int(Decimal(number) * _SI[suffix])
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid integer {text!r}: use digits, optionally with k/M/G/T or Ki/Mi/Gi/Ti") from None
+
+
+def cuda_graph_backend(text: str) -> str:
+    if text == "tc_piecewise":
+        raise argparse.ArgumentTypeError("tc_piecewise no longer exists; use breakable, full or disabled")
+    return text
+
+
+def cuda_graph_config(text: str):
+    """A JSON object of phase -> settings; phases and keys as the reference allows them."""
+    from .schema_snapshot import load_snapshot
+    facts = load_snapshot().get("parser_facts", {}).get("cuda_graph_config", {})
+    phases, keys = facts.get("phases", ()), facts.get("keys", {})
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--cuda-graph-config must be JSON: {exc}")
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"--cuda-graph-config must be a JSON object, got {type(parsed).__name__}")
+    out = {}
+    for phase, settings in parsed.items():
+        phase = str(phase)
+        if phases and phase not in phases:
+            raise argparse.ArgumentTypeError(f"--cuda-graph-config: unknown phase {phase!r}; allowed: {', '.join(phases)}")
+        if not isinstance(settings, dict):
+            raise argparse.ArgumentTypeError(f"--cuda-graph-config[{phase!r}] must be a JSON object")
+        if "backend" in settings:
+            cuda_graph_backend(settings["backend"])
+        allowed = keys.get(phase)
+        for k in settings:
+            if allowed is not None and k not in allowed:
+                raise argparse.ArgumentTypeError(
+                    f"--cuda-graph-config[{phase!r}]: unknown key {k!r}; allowed: {', '.join(allowed)}")
+        out[phase] = dict(settings)
+    return out
+
+
+VALUE_PARSERS = {
+    "int": int, "float": float, "str": str, "json": _json_loads, "json_list": json_list_type,
+    "human_readable_int": human_readable_int, "nullable_str": nullable_str,
+    "cuda_graph_backend": cuda_graph_backend, "cuda_graph_config": cuda_graph_config,
+}
+
+
+def _type_name(fi: FieldInfo) -> str:
     tp, _ = base_type(fi)
     if typing.get_origin(tp) in (list, List):
         (elem,) = typing.get_args(tp) or (str,)
         tp = elem
-    return {int: int, float: float}.get(tp, str)
+    return {int: "int", float: "float"}.get(tp, "str")
+
+
+def field_actions(fi: FieldInfo) -> Tuple[FlagSpec, ...]:
+    """The reference's argparse actions for a field: from the snapshot, or derived from a
+    hand-written declaration (one action: store_true for booleans, else store)."""
+    a = fi.arg
+    if a.actions:
+        return a.actions
+    if not has_flag(a):
+        return ()
+    flags = tuple(flags_of(fi.name, a))
+    tp, _ = base_type(fi)
+    if tp is bool:
+        return (FlagSpec(flags, "store_true"),)
+    nargs = None
+    if typing.get_origin(tp) in (list, List) and a.parser is None:
+        nargs = a.nargs or "+"
+    elif a.nargs:
+        nargs = a.nargs
+    opts = allowed_choices(fi)
+    return (FlagSpec(flags, "store", a.parser or _type_name(fi), tuple(opts) if opts else None, nargs),)
 
 
 def cli_fields() -> List[FieldInfo]:
-    return [fi for fi in FIELDS.values() if not (fi.arg.no_cli or fi.arg.hydra_only)]
+    """Fields with at least one reference flag."""
+    return [fi for fi in FIELDS.values() if field_actions(fi)]
 
 
-def _add_field(parser: argparse.ArgumentParser, fi: FieldInfo) -> None:
-    names = list(flags_of(fi.name, fi.arg))
-    kw: Dict[str, Any] = {"help": fi.arg.help, "default": fi.default_value()}
-    if primary_flag(fi.name, fi.arg)[2:].replace("-", "_") != fi.name:
-        kw["dest"] = fi.name
-    tp, _ = base_type(fi)
-    if tp is bool:
+class _LoraPaths(argparse.Action):
+    """``--lora-paths``: each item is a path, ``name=path``, or a JSON object with lora_name and lora_path."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, lora_path_items(values or []))
+
+
+def lora_path_items(values: Sequence[str]) -> list:
+    out = []
+    for item in values:
+        item = item.strip()
+        if item.startswith("{") and item.endswith("}"):
+            obj = json.loads(item)
+            if not (isinstance(obj, dict) and "lora_path" in obj and "lora_name" in obj):
+                raise ValueError(f"{item!r} is JSON but lacks the 'lora_name' and 'lora_path' keys")
+            out.append(obj)
+        else:
+            out.append(item)
+    return out
+
+
+class _DeprecatedStoreConst(argparse.Action):
+    """A retired flag that still sets its field to a fixed value (``const``)."""
+
+    def __init__(self, option_strings, dest, const_value=None, **kw):
+        self.const_value = const_value
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.const_value)
+
+
+def _add_action(parser: argparse.ArgumentParser, fi: FieldInfo, spec: FlagSpec) -> None:
+    kw: Dict[str, Any] = {"help": fi.arg.help or None, "default": fi.default_value(), "dest": fi.name}
+    names = list(spec.flags)
+    if spec.action in ("store_true", "deprecated_store_true"):
         kw["action"] = "store_true"
+    elif spec.action == "boolean_optional":
+        names = [f for f in names if not f.startswith("--no-")]
+        kw["action"] = argparse.BooleanOptionalAction
+    elif spec.action == "deprecated_store_const":
+        kw.update(action=_DeprecatedStoreConst, const_value=spec.const, choices=spec.choices)
     else:
-        kw["type"] = _type_func(fi)
-        if typing.get_origin(tp) in (list, List) and fi.arg.parser is None:
-            kw["nargs"] = fi.arg.nargs or "+"
-        elif fi.arg.nargs:
-            kw["nargs"] = fi.arg.nargs
-        opts = allowed_choices(fi)
-        if opts:
-            kw["choices"] = opts
+        if spec.action == "lora_paths":
+            kw["action"] = _LoraPaths
+        kw["type"] = VALUE_PARSERS.get(spec.parser or "str", str)
+        if spec.choices:
+            kw["choices"] = list(spec.choices)
+        if spec.nargs is not None:
+            kw["nargs"] = spec.nargs
+        if spec.nargs == "?":
+            kw["const"] = spec.const
     parser.add_argument(*names, **kw)
 
 
 def legacy_parser(prog: str = "sglang-hydra") -> argparse.ArgumentParser:
-    """The reference engine's flags for every declared field (dest = field name)."""
+    """The reference engine's flags for every field (dest = field name)."""
     parser = argparse.ArgumentParser(prog=prog, add_help=True)
-    for fi in cli_fields():
-        _add_field(parser, fi)
-    parser.add_argument("--enable-dp-attention", dest="enable_dp_attention", action="store_true",
-                        default=False, help="Deprecated: use --attn-dp-size.")
+    for fi in FIELDS.values():
+        for spec in field_actions(fi):
+            _add_action(parser, fi, spec)
     parser.add_argument("--config", help="YAML file of settings merged after presets and before the command line.")
     return parser
 
@@ -138,6 +258,10 @@ def _problem(action: argparse.Action, flag: str, message: str) -> Problem:
     return Problem(key, flag, message, source=flag)
 
 
+_KIND = {int: "an integer", float: "a number", human_readable_int: "an integer (suffixes k/M/G/T, Ki/Mi/Gi/Ti allowed)",
+         _json_loads: "JSON text", json_list_type: "a JSON list", cuda_graph_config: "a JSON object of phase settings"}
+
+
 def _convert(action: argparse.Action, flag: str, raw: str) -> Tuple[Any, Optional[Problem]]:
     func = action.type or str
     try:
@@ -146,11 +270,44 @@ def _convert(action: argparse.Action, flag: str, raw: str) -> Tuple[Any, Optiona
         return None, _problem(action, flag, f"argument {flag}: {exc}")
     except (TypeError, ValueError):
         name = getattr(func, "__name__", repr(func))
-        return None, _problem(action, flag, f"argument {flag}: invalid {name} value: {raw!r}")
+        want = _KIND.get(func)
+        tail = f"; expected {want}" if want else ""
+        return None, _problem(action, flag, f"argument {flag}: invalid {name} value: {raw!r}{tail}")
     if action.choices is not None and value not in action.choices:
         allowed = ", ".join(repr(c) for c in action.choices)
         return None, _problem(action, flag, f"argument {flag}: invalid choice: {value!r} (choose from {allowed})")
     return value, None
+
+
+def _long_hydra_flags() -> List[str]:
+    return [f for f in HYDRA_FLAGS if f.startswith("--")]
+
+
+def match_flag(flag: str, actions: Dict[str, argparse.Action]) -> Tuple[Optional[str], Optional[str]]:
+    """``(full flag, None)`` for an exact flag or an unambiguous prefix of one (as argparse
+    accepts ``--tp`` for ``--tp-size``), else ``(None, why)``; ``why`` is None when nothing matches."""
+    if flag in actions:
+        return flag, None
+    if not flag.startswith("--") or len(flag) < 3:
+        return None, None
+    ours = [f for f in actions if f.startswith(flag) and f.startswith("--") and f != "--help"]
+    hydra = [f for f in _long_hydra_flags() if f.startswith(flag)]
+    if ours and hydra:
+        return None, (f"{flag} abbreviates both Hydra's own flag{'s' if len(hydra) > 1 else ''} "
+                      f"{', '.join(hydra)} and the reference flag{'s' if len(ours) > 1 else ''} "
+                      f"{', '.join(sorted(ours)[:6])}; spell the flag out")
+    if hydra and not ours:
+        return None, f"{flag} abbreviates Hydra's own flag {', '.join(hydra)}; Hydra's flags must be spelled out"
+    if len(ours) == 1:
+        return ours[0], None
+    if len(ours) > 1:
+        shown = ", ".join(sorted(ours)[:8]) + (" ..." if len(ours) > 8 else "")
+        return None, f"ambiguous flag {flag}: could be {shown}"
+    return None, None
+
+
+def _takes_value(tok: str) -> bool:
+    return not tok.startswith("-") or _is_number(tok)
 
 
 def split_argv(argv: Sequence[str]) -> SplitArgv:
@@ -182,18 +339,29 @@ def split_argv(argv: Sequence[str]) -> SplitArgv:
                 else:
                     out.problems.append(Problem("", "--config", "argument --config: expected one argument"))
                 continue
-            if flag.split("=")[0] in HYDRA_FLAGS:
+            if flag in HYDRA_FLAGS:
                 out.hydra_flags.append(tok)
                 continue
-            action = actions.get(flag)
-            if action is None or flag in ("--help", "-h"):
-                close = difflib.get_close_matches(flag, [a for a in actions if a.startswith("--")], n=1)
-                hint = f"; did you mean {close[0]}?" if close else ""
-                out.problems.append(Problem("", flag, f"unrecognized flag {flag}{hint}", source=flag))
+            full, why = match_flag(flag, actions) if flag != "--help" else (None, None)
+            if full == "--config":
+                full, why = None, f"{flag} abbreviates --config; spell it out"
+            if full is None:
+                if why is None:
+                    close = difflib.get_close_matches(flag, [a for a in actions if a.startswith("--")], n=1)
+                    why = f"unrecognized flag {flag}" + (f"; did you mean {close[0]}?" if close else "")
+                out.problems.append(Problem("", flag, why, source=flag))
                 if not eq and i < len(argv) and not argv[i].startswith("-") and "=" not in argv[i]:
                     i += 1  # skip its value so it is not mistaken for an override
                 continue
-            if isinstance(action, argparse._StoreTrueAction):
+            action = actions[full]
+            flag = full
+            if isinstance(action, argparse.BooleanOptionalAction):
+                if eq:
+                    out.problems.append(_problem(action, flag, f"argument {flag}: ignored explicit argument {inline!r}"))
+                else:
+                    out.settings.append((pos, Setting(action.dest, not flag.startswith("--no-"), flag)))
+                continue
+            if action.nargs == 0:  # store_true and deprecated store_true flags
                 if eq:
                     out.problems.append(_problem(action, flag, f"argument {flag}: ignored explicit argument {inline!r}"))
                 else:
@@ -201,7 +369,7 @@ def split_argv(argv: Sequence[str]) -> SplitArgv:
                 continue
             if action.nargs in ("+", "*"):
                 raws = [inline] if eq else []
-                while not eq and i < len(argv) and not argv[i].startswith("-") and not _looks_like_override(argv[i]):
+                while not eq and i < len(argv) and _takes_value(argv[i]) and not _looks_like_override(argv[i]):
                     raws.append(argv[i])
                     i += 1
                 if not raws and action.nargs == "+":
@@ -214,12 +382,28 @@ def split_argv(argv: Sequence[str]) -> SplitArgv:
                         out.problems.append(prob)
                         bad = True
                     values.append(v)
-                if not bad:
-                    out.settings.append((pos, Setting(action.dest, values, flag)))
+                if bad:
+                    continue
+                if isinstance(action, _LoraPaths):
+                    try:
+                        values = lora_path_items(values)
+                    except (ValueError, json.JSONDecodeError) as exc:
+                        out.problems.append(_problem(action, flag, f"argument {flag}: {exc}"))
+                        continue
+                out.settings.append((pos, Setting(action.dest, values, flag)))
                 continue
-            if eq:
+            if action.nargs == "?":
+                if eq:
+                    raw = inline
+                elif i < len(argv) and _takes_value(argv[i]) and not _looks_like_override(argv[i]):
+                    raw = argv[i]
+                    i += 1
+                else:
+                    out.settings.append((pos, Setting(action.dest, action.const, flag)))
+                    continue
+            elif eq:
                 raw = inline
-            elif i < len(argv) and (not argv[i].startswith("-") or _is_number(argv[i])):
+            elif i < len(argv) and _takes_value(argv[i]):
                 raw = argv[i]
                 i += 1
             else:
@@ -228,6 +412,8 @@ def split_argv(argv: Sequence[str]) -> SplitArgv:
             v, prob = _convert(action, flag, raw)
             if prob:
                 out.problems.append(prob)
+            elif isinstance(action, _DeprecatedStoreConst):
+                out.settings.append((pos, Setting(action.dest, action.const_value, flag)))
             else:
                 out.settings.append((pos, Setting(action.dest, v, flag)))
             continue

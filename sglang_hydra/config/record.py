@@ -49,7 +49,13 @@ def collect_fields() -> Dict[str, FieldInfo]:
                     f"{f.name!r} is declared by both {NAMESPACES[collected[f.name].namespace].__name__} "
                     f"and {cls.__name__}; a field belongs to exactly one namespace")
             collected[f.name] = FieldInfo(f.name, ns, hints[f.name], f.default, f.default_factory, arg_of(f))
+    # The reference's positional order first (our frozen order names a subset of it in the
+    # same relative order), then this project's own fields (KV geometry) in collection order.
+    from .schema_snapshot import reference_fields
     ordered = {n: collected[n] for n in POSITIONAL_FIELD_ORDER if n in collected}
+    ref_order = [n for n in reference_fields() if n in collected]
+    if [n for n in ref_order if n in ordered] == list(ordered):
+        ordered = {n: collected[n] for n in ref_order}
     ordered.update((n, fi) for n, fi in collected.items() if n not in ordered)
     return ordered
 
@@ -69,9 +75,9 @@ def _build_record_class():
             specs.append((fi.name, fi.type, dataclasses.field(default_factory=fi.default_factory)))
         else:
             specs.append((fi.name, fi.type, dataclasses.field(default=fi.default)))
-    return dataclasses.make_dataclass("ServerArgs", specs, frozen=True, namespace={
+    from .fastclass import fast_dataclass
+    return fast_dataclass("ServerArgs", specs, frozen=True, module=__name__, namespace={
         "__doc__": "The flat server record: every field of every namespace, in record order.",
-        "__module__": __name__,
         "__reduce__": _reduce,
         "raw_input": property(lambda self: MappingProxyType(self.__dict__.get("_raw_input", {}))),
         "explicit_fields": property(lambda self: self.__dict__.get("_explicit", frozenset())),

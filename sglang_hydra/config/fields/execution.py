@@ -5,9 +5,9 @@ Only the settings that the memory and disaggregation rules read are declared her
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
+from ..schema_snapshot import build_namespace
 from ..spec import arg
 
 ATTENTION_BACKENDS = (
@@ -17,8 +17,7 @@ ATTENTION_BACKENDS = (
 )
 
 
-@dataclass
-class Exec:
+class _ExecRules:
     attention_backend: Optional[str] = arg(None, "Attention kernels for both phases.", choices=ATTENTION_BACKENDS)
     prefill_attention_backend: Optional[str] = arg(None, "Attention kernels for prefill only.", choices=ATTENTION_BACKENDS)
     decode_attention_backend: Optional[str] = arg(None, "Attention kernels for decode only.", choices=ATTENTION_BACKENDS)
@@ -30,3 +29,10 @@ class Exec:
     linear_attn_backend: str = arg("triton", "Kernels for linear attention.")
     linear_attn_decode_backend: Optional[str] = arg(None, "Linear-attention kernels for decode.")
     linear_attn_prefill_backend: Optional[str] = arg(None, "Linear-attention kernels for prefill.")
+    moe_a2a_backend: str = arg("none", "MoE all-to-all backend.",
+                               choices=("none", "deepep", "mooncake", "mori", "ascend_fuseep", "flashinfer"))
+    ep_join_mode: Optional[str] = arg(None, "Elastic EP join mode.", choices=("scale", "recover"))
+
+
+# Every reference field of the namespace; the class above names those with rules or our own defaults.
+Exec = build_namespace("exec", _ExecRules)

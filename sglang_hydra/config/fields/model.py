@@ -8,14 +8,13 @@ legacy flag because the reference engine has none.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
+from ..schema_snapshot import build_namespace
 from ..spec import arg
 
 
-@dataclass
-class Model:
+class _ModelRules:
     model_path: str = arg(
         "tiny", "Checkpoint directory (its config.json supplies the KV geometry) or a preset name.",
         aliases=("--model",))
@@ -45,3 +44,7 @@ class Model:
         choices=("none", "swa", "pure_swa", "mamba"), hydra_only=True)
     model_type: str = arg("llama", "HF model_type, as in config.json.", hydra_only=True)
     max_position_embeddings: int = arg(4096, "The model's own context limit.", hydra_only=True, ge=1)
+
+
+# Every reference field of the namespace; the class above names those with rules or our own defaults.
+Model = build_namespace("model", _ModelRules)

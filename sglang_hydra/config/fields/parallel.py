@@ -1,14 +1,13 @@
 """``parallel``: how the model is split over devices; the KV pool holds one rank's share."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
+from ..schema_snapshot import build_namespace
 from ..spec import arg
 
 
-@dataclass
-class Parallel:
+class _ParallelRules:
     tp_size: int = arg(1, "Tensor parallel degree.", aliases=("--tensor-parallel-size",), ge=1)
     pp_size: int = arg(1, "Pipeline parallel degree.", aliases=("--pipeline-parallel-size",), ge=1)
     dp_size: int = arg(1, "Data parallel degree.", aliases=("--data-parallel-size",), ge=1)
@@ -28,6 +27,7 @@ class Parallel:
     dist_init_addr: Optional[str] = arg(None, "Address for distributed initialisation.")
     enable_prefill_cp: bool = arg(False, "Context parallelism for prefill.")
     enable_kv_cache_sharding: bool = arg(False, "Shard the KV cache over prefill ranks.")
-    moe_a2a_backend: str = arg("none", "MoE all-to-all backend.",
-                               choices=("none", "deepep", "mooncake", "mori", "ascend_fuseep", "flashinfer"))
-    ep_join_mode: Optional[str] = arg(None, "Elastic EP join mode.", choices=("scale", "recover"))
+
+
+# Every reference field of the namespace; the class above names those with rules or our own defaults.
+Parallel = build_namespace("parallel", _ParallelRules)
