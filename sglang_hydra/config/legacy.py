@@ -446,26 +446,56 @@ def flag_to_field() -> Dict[str, str]:
 
 
 def to_argv(values: Dict[str, Any], defaults: Dict[str, Any]) -> List[str]:
-    """Reference launch flags for every field whose value differs from its default."""
+    """Reference launch flags for every field whose value differs from its default.
+
+    Values that no flag can spell (False for a plain store_true flag, None for a valued flag
+    whose default is set, an empty list for a ``nargs='+'`` flag) are left out."""
     out: List[str] = []
     for fi in cli_fields():
         v = values.get(fi.name)
         if v == defaults.get(fi.name) and fi.name != "model_path":  # the reference requires --model-path
             continue
-        flag = primary_flag(fi.name, fi.arg)
-        tp, _ = base_type(fi)
-        if tp is bool:
-            if v:
-                out.append(flag)
-            else:
-                continue  # a store_true flag cannot express False; the default already is False
-        elif v is None:
-            continue  # no flag spelling for "unset"; the reference default is None too
-        elif fi.arg.parser in ("json", "json_list"):
-            out += [flag, json.dumps(v, separators=(",", ":"))]
-        elif isinstance(v, list):
-            if v:
-                out += [flag, *map(str, v)]
-        else:
-            out += [flag, str(v)]
+        out += flag_tokens(fi, v)
     return out
+
+
+def flag_tokens(fi: FieldInfo, v: Any) -> List[str]:
+    """The tokens that make the reference parse ``v`` for this field ([] when no flag can)."""
+    acts = field_actions(fi)
+    usable = [a for a in acts if not a.action.startswith("deprecated")] or list(acts)
+    act = usable[0]
+    flag = act.flags[0]
+    if act.action in ("store_true", "deprecated_store_true"):
+        return [flag] if v is True else []
+    if act.action == "boolean_optional":
+        if v is None:
+            return []
+        return [flag] if v else ["--no-" + flag[2:]]
+    if act.action == "deprecated_store_const":
+        return [flag, str(act.choices[0])] if v == act.const and act.choices else []
+    if v is None:
+        return [flag, "None"] if act.parser == "nullable_str" else []
+    if act.parser in ("json", "json_list", "cuda_graph_config"):
+        return [f"{flag}={json.dumps(v, separators=(',', ':'))}"]
+    if act.action == "lora_paths" or act.nargs in ("+", "*"):
+        items = v if isinstance(v, list) else [v]
+        if not items:
+            return [flag] if act.nargs == "*" or act.action == "lora_paths" else []
+        toks = [json.dumps(x) if isinstance(x, dict) else _scalar_text(x) for x in items]
+        if any(t.startswith("-") and not _is_number(t) for t in toks):
+            return []  # argparse would read such an item as a flag
+        return [flag, *toks]
+    if act.nargs == "?" and v == act.const:
+        return [flag]
+    text = _scalar_text(v)
+    if act.parser == "nullable_str" and (text == "" or text == "None"):
+        return []  # the reference reads both as unset
+    return [f"{flag}={text}"] if text.startswith("-") or text == "" else [flag, text]
+
+
+def _scalar_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)

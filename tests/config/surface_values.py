@@ -14,6 +14,17 @@ from sglang_hydra.config.coerce import allowed_choices, base_type
 from sglang_hydra.config.legacy import field_actions
 
 _CG = {"decode": {"bs": [1, 2, 4]}, "prefill": {"max_bs": 8}}
+# Free-text fields the reference already interprets while parsing (log_level names a logging level).
+_TEXT_VALUES = {"log_level": ["debug", "info", "warning", "error"]}
+
+
+def reference_choices(name: str):
+    """The reference's own choices for a field (ours may have plugin additions such as ghost_lru)."""
+    from sglang_hydra.config.schema_snapshot import reference_fields
+    for act in reference_fields().get(name, {}).get("actions", []):
+        if act.get("choices"):
+            return act["choices"]
+    return None
 
 
 def _main_action(fi):
@@ -44,7 +55,9 @@ def sample(fi, rng: random.Random) -> Optional[Tuple[Any, List[str]]]:
     if act.action == "lora_paths":
         v = [f"/lora/a{rng.randint(0, 99)}", {"lora_name": "x", "lora_path": "/lora/x"}]
         return v, [flag, v[0], json.dumps(v[1])]
-    opts = allowed_choices(fi) or (list(act.choices) if act.choices else None)
+    opts = reference_choices(fi.name) or allowed_choices(fi) or (list(act.choices) if act.choices else None)
+    if fi.name in _TEXT_VALUES:
+        opts = _TEXT_VALUES[fi.name]
     elem = _elem(fi)
     if opts:
         pool = [o for o in opts if o != default]
