@@ -1,179 +1,32 @@
 #!/usr/bin/env python3
 """Write the command-line facts of an installed SGLang as a JSON schema snapshot.
 
-Run it with the interpreter of a virtual environment that has SGLang installed (it never
-imports sglang_hydra, so it also runs where sglang_hydra is absent):
+Run it with the interpreter of a virtual environment that has SGLang installed (it loads
+``sglang_hydra/config/engine_probe.py`` by path and never imports sglang_hydra):
 
-    /path/to/ref-venv/bin/python scripts/extract_schema.py > sglang_hydra/config/snapshots/sglang_0_5_23.json
+    /path/to/ref-venv/bin/python scripts/extract_schema.py --out sglang_hydra/config/snapshots/sglang_0_5_23.json
 
 The snapshot holds facts only: for every record field its namespace, type, default and
 whether it is resolvable or has no flag; for every flag of the engine's parser its option
-strings, destination, action kind, value parser, choices, nargs, const and default; and the
-record's positional order.  No help text is copied.  ``--fields-only`` prints a reduced form
-used by the version-drift check (same keys, fewer details).
+strings, destination, action kind, value parser, choices, nargs, const and default; the
+record's positional order; and the few facts a value parser checks (cuda-graph phases and
+keys).  No help text is copied.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import runpy
 import sys
-import typing
+from pathlib import Path
 
-
-def _type_text(tp) -> str:
-    """A small, stable spelling of a field's type: bool, int, float, str, Optional[X], List[X], Dict, Any."""
-    origin = typing.get_origin(tp)
-    if origin is typing.Annotated:
-        return _type_text(typing.get_args(tp)[0])
-    if tp in (bool, int, float, str):
-        return tp.__name__
-    if origin is typing.Literal:
-        kinds = {type(v) for v in typing.get_args(tp)}
-        return kinds.pop().__name__ if len(kinds) == 1 and kinds <= {str, int, float} else "str"
-    if origin in (typing.Union,) or type(tp).__name__ == "UnionType":
-        args = typing.get_args(tp)
-        rest = [a for a in args if a is not type(None)]
-        if len(rest) == 1 and len(args) == 2:
-            return f"Optional[{_type_text(rest[0])}]"
-        return "Any"
-    if origin in (list, typing.List, tuple, set):
-        args = typing.get_args(tp)
-        inner = _type_text(args[0]) if args else "str"
-        return f"List[{inner if inner in ('int', 'float', 'str') else 'Any'}]"
-    if origin in (dict, typing.Dict) or tp is dict:
-        return "Dict"
-    return "Any"
-
-
-def _jsonable(value):
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    return {"__repr__": repr(value)}
-
-
-_PARSER_NAMES = {
-    "int": "int", "float": "float", "str": "str", "loads": "json", "json_list_type": "json_list",
-    "human_readable_int": "human_readable_int", "nullable_str": "nullable_str",
-    "parse_cuda_graph_backend_arg": "cuda_graph_backend", "parse_cuda_graph_config_arg": "cuda_graph_config",
-}
-
-
-def _action_kind(action: argparse.Action) -> str:
-    name = type(action).__name__
-    return {
-        "_StoreAction": "store", "_StoreTrueAction": "store_true", "_StoreFalseAction": "store_false",
-        "_StoreConstAction": "store_const", "BooleanOptionalAction": "boolean_optional",
-        "LoRAPathAction": "lora_paths", "DeprecatedStoreTrueAction": "deprecated_store_true",
-        "DeprecatedStoreConstAction": "deprecated_store_const", "_AppendAction": "append",
-    }.get(name, "custom:" + name)
-
-
-def extract() -> dict:
-    import sglang
-    from sglang.srt.arg_groups import arg_utils
-    from sglang.srt.arg_groups.field_order import POSITIONAL_FIELD_ORDER
-    from sglang.srt.server_args import ServerArgs
-
-    namespaces = arg_utils.namespace_of(ServerArgs)
-    resolvable = arg_utils.resolvable_fields(ServerArgs)
-    fields = []
-    import msgspec.structs
-    struct_fields = {f.name: f for f in msgspec.structs.fields(ServerArgs)}
-    no_cli = set()
-    meta = {}
-    for src in _input_namespaces():
-        th = typing.get_type_hints(src, include_extras=True)
-        for name, tp in th.items():
-            if name not in struct_fields:
-                continue
-            a = None
-            if typing.get_origin(tp) is typing.Annotated:
-                for extra in typing.get_args(tp)[1:]:
-                    if isinstance(extra, (arg_utils.Arg, str)):
-                        a = extra if isinstance(extra, arg_utils.Arg) else arg_utils.Arg(help=extra)
-                        break
-            meta[name] = (tp, a)
-            if a is None or a.no_cli:
-                no_cli.add(name)
-    for name, f in struct_fields.items():
-        tp, a = meta.get(name, (typing.Any, None))
-        has_factory = f.default_factory is not msgspec.NODEFAULT
-        default = f.default_factory() if has_factory else (None if f.default is msgspec.NODEFAULT else f.default)
-        entry = {
-            "name": name,
-            "namespace": namespaces.get(name),
-            "type": _type_text(tp),
-            "default": _jsonable(default),
-            "required": (f.default is msgspec.NODEFAULT and not has_factory),
-        }
-        if has_factory:
-            entry["factory"] = type(default).__name__
-        if name in resolvable:
-            entry["resolvable"] = True
-        if name in no_cli:
-            entry["no_cli"] = True
-        fields.append(entry)
-
-    parser = argparse.ArgumentParser(prog="sglang")
-    ServerArgs.add_cli_args(parser)
-    flags = []
-    for action in parser._actions:
-        if not action.option_strings or isinstance(action, argparse._HelpAction):
-            continue
-        kind = _action_kind(action)
-        tfunc = action.type
-        parser_name = None
-        if tfunc is not None:
-            parser_name = _PARSER_NAMES.get(getattr(tfunc, "__name__", ""), "custom:" + getattr(tfunc, "__name__", repr(tfunc)))
-        entry = {"flags": list(action.option_strings), "dest": action.dest, "action": kind}
-        if parser_name:
-            entry["parser"] = parser_name
-        if action.choices is not None:
-            entry["choices"] = sorted(_jsonable(list(action.choices)), key=str) if isinstance(action.choices, set) \
-                else _jsonable(list(action.choices))
-        if action.nargs is not None and kind not in ("store_true", "store_false", "deprecated_store_true", "store_const"):
-            entry["nargs"] = action.nargs
-        if action.const is not None and kind not in ("store_true", "store_false"):
-            entry["const"] = _jsonable(action.const)
-        if getattr(action, "const_value", None) is not None:
-            entry["const"] = _jsonable(action.const_value)
-        entry["default"] = _jsonable(action.default)
-        if action.required:
-            entry["required"] = True
-        flags.append(entry)
-    facts = {}
-    try:
-        from sglang.srt.model_executor.cuda_graph_config import ALLOWED_KEYS_PER_PHASE, Phase
-        facts["cuda_graph_config"] = {"phases": list(Phase.ALL),
-                                      "keys": {k: sorted(v) for k, v in ALLOWED_KEYS_PER_PHASE.items()}}
-    except ImportError:  # an engine without that parser
-        pass
-    return {
-        "engine": "sglang",
-        "parser_facts": facts,
-        "version": sglang.__version__,
-        "positional_order": list(POSITIONAL_FIELD_ORDER),
-        "fields": fields,
-        "flags": flags,
-    }
-
-
-def _input_namespaces():
-    from sglang.srt import server_args as sa_mod
-    srcs = getattr(sa_mod, "_INPUT_NAMESPACES", None)
-    if srcs is None:
-        from sglang.srt.arg_groups import fields as fmod
-        srcs = getattr(fmod, "_INPUT_NAMESPACES")
-    return list(srcs)
+PROBE = Path(__file__).resolve().parents[1] / "sglang_hydra" / "config" / "engine_probe.py"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write here instead of stdout")
+    ap.add_argument("--pretty", action="store_true", help="indent the JSON")
     args = ap.parse_args()
     real_stdout = sys.stdout
     sys.stdout = sys.stderr  # the engine may print while importing
@@ -181,11 +34,11 @@ def main() -> int:
     import warnings
     warnings.simplefilter("ignore")
     logging.disable(logging.WARNING)
-    data = extract()
-    text = json.dumps(data, indent=1, sort_keys=False) + "\n"
+    probe = runpy.run_path(str(PROBE))
+    data = probe["extract"]()
+    text = json.dumps(data, indent=1 if args.pretty else None, separators=None if args.pretty else (",", ":")) + "\n"
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        Path(args.out).write_text(text, encoding="utf-8")
     else:
         real_stdout.write(text)
     return 0

@@ -22,6 +22,15 @@ def render(record, fmt: str) -> str:
 
 
 def run(record, job: dict, ctx: JobContext) -> dict:
+    if job.get("check") == "engine":
+        import sys
+        from ..config.engine_check import check_with_engine
+        from ..config.errors import ConfigError
+        problems, notes = check_with_engine(record, job.get("python"))
+        for note in notes:
+            print(f"sglang-hydra: check=engine: {note}", file=sys.stderr)
+        if problems:
+            raise ConfigError(problems)
     text = render(record, job.get("format", "yaml"))
     print(text if text.endswith("\n") else text + "\n", end="")
     if job.get("output"):
