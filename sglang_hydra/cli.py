@@ -80,7 +80,7 @@ def _hydra_main(cmd, hydra_flags: List[str]) -> int:
     from .jobs.context import JobContext
     from .jobs.runner import run_job
 
-    register_configs()
+    register_configs(None if _shows_config(hydra_flags) else _fields_named(cmd))
 
     def task(cfg):
         hc = HydraConfig.get()
@@ -109,6 +109,27 @@ def _hydra_main(cmd, hydra_flags: List[str]) -> int:
     finally:
         sys.argv = saved
     return 0
+
+
+# Hydra flags that print the config or complete its keys need the schema with every field.
+_SHOWING_FLAGS = {"--cfg", "-c", "--help", "-h", "--hydra-help", "-sc", "--shell-completion", "--info", "-i",
+                  "--resolve", "-p", "--package"}
+
+
+def _shows_config(hydra_flags) -> bool:
+    return any(f.split("=")[0] in _SHOWING_FLAGS for f in hydra_flags)
+
+
+def _fields_named(cmd) -> set:
+    """Record fields the command sets (typed settings and the keys of Hydra-only overrides)."""
+    from .config.record import FIELDS
+    keys = {fi.key: n for n, fi in FIELDS.items()}
+    names = {s.name for s in cmd.settings}
+    for text in cmd.hydra_overrides:
+        key = text.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
+        if key in keys:
+            names.add(keys[key])
+    return names
 
 
 def entry() -> None:

@@ -36,36 +36,60 @@ def hydra_fields(namespace: str) -> List[FieldInfo]:
     return [fi for fi in fields_of_namespace(namespace) if not fi.arg.no_cli]
 
 
-def _schema_class(namespace: str, cls) -> type:
+def _schema_class(namespace: str, cls, only=None) -> type:
+    from .fastclass import fast_dataclass
     specs = []
     for fi in hydra_fields(namespace):
+        if only is not None and fi.name not in only:
+            continue
         if fi.default_factory is not dataclasses.MISSING:
             d = dataclasses.field(default_factory=fi.default_factory, metadata=dict(help=fi.arg.help))
         else:
             d = dataclasses.field(default=fi.default, metadata=dict(help=fi.arg.help))
         specs.append((fi.name, _schema_type(fi), d))
-    return dataclasses.make_dataclass(f"{cls.__name__}Schema", specs, namespace={"__doc__": cls.__doc__})
+    return fast_dataclass(f"{cls.__name__}Schema", specs, namespace={"__doc__": cls.__doc__})
 
 
-SCHEMAS: Dict[str, type] = {ns: _schema_class(ns, cls) for ns, cls in NAMESPACES.items()}
-
-
-def _root_class() -> type:
-    specs = [(ns, sc, dataclasses.field(default_factory=sc)) for ns, sc in SCHEMAS.items()]
+def _root_class(only=None) -> type:
+    schemas = {ns: _schema_class(ns, cls, only) for ns, cls in NAMESPACES.items()}
+    specs = [(ns, sc, dataclasses.field(default_factory=sc)) for ns, sc in schemas.items()]
     specs.append(("job", Any, dataclasses.field(default=None)))
     return dataclasses.make_dataclass("ServerArgsSchema", specs)
 
 
-ROOT_SCHEMA = _root_class()
-
 _registered = False
 
 
-def register_configs() -> None:
-    """Store the schema, the job options and the generated help page (idempotent)."""
+def core_field_names() -> set:
+    """Fields a slim schema always holds: every field with a rule, bound or help of ours
+    (all of memory/disagg and the hand-written fields of the other namespaces), and every
+    field some preset in conf/ sets."""
+    from .compose import GROUPS, group_options, preset
+    names = {n for n, fi in FIELDS.items() if not fi.arg.actions or fi.arg.help}
+    keys = {fi.key: n for n, fi in FIELDS.items()}
+    for group in GROUPS:
+        if group == "job":
+            continue
+        for option in group_options(group):
+            data, _ = preset(group, option)
+            for ns, settings in (data.items() if isinstance(data, dict) else ()):
+                for k in (settings if isinstance(settings, dict) else ()):
+                    if f"{ns}.{k}" in keys:
+                        names.add(keys[f"{ns}.{k}"])
+    return names
+
+
+def register_configs(only=None) -> None:
+    """Store the schema, the job options and the generated help page (idempotent).
+
+    ``only`` (field names) registers a slim schema: those fields plus :func:`core_field_names`.
+    The CLI uses it for runs that do not show the config (a ``hydra.*`` setting, a sweep):
+    OmegaConf's cost grows with every node Hydra merges and copies, and the record gets the
+    defaults of the fields left out anyway.  ``--cfg``, ``--help`` and completion use all fields."""
     global _registered
     if _registered:
         return
+    ROOT_SCHEMA = _root_class(None if only is None else set(only) | core_field_names())
     from hydra.core.config_store import ConfigStore
 
     from ..jobs.specs import JOB_SPECS

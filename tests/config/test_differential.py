@@ -33,8 +33,8 @@ from reference_shapes import make_shapes, same_value, write_model_dir  # noqa: E
 
 REFERENCE_PYTHON = os.environ.get("SGLANG_HYDRA_REFERENCE_PYTHON")
 ORACLE = Path(__file__).resolve().parents[2] / "scripts" / "reference_oracle.py"
-pytestmark = pytest.mark.skipif(
-    not REFERENCE_PYTHON, reason="set SGLANG_HYDRA_REFERENCE_PYTHON to a venv with sglang 0.5.23 (docs/differential.md)")
+pytestmark = [pytest.mark.reference, pytest.mark.skipif(
+    not REFERENCE_PYTHON, reason="set SGLANG_HYDRA_REFERENCE_PYTHON to a venv with sglang 0.5.23 (docs/differential.md)")]
 
 COMPARED = [f for f, ns in namespace_of(ServerArgs).items()
             if ns in ("memory", "disagg") and not FIELDS[f].arg.no_cli]
@@ -168,3 +168,20 @@ def test_every_flag_parses_and_exports_like_reference(tmp_path):
     print(f"{count} lines (seed {seed}), {flags_used} tokens, {len(compared)} fields compared per parse: "
           f"{len(disagreements)} disagreements")
     assert not disagreements, f"{len(disagreements)} disagreements:\n" + "\n".join(disagreements[:40])
+
+
+def test_check_engine_with_the_real_engine():
+    """job.check=engine: the real SGLang accepts a plain record, rejects one its own rules
+    refuse (EAGLE tree drafts need page size 1 on the CPU attention backend), and its
+    memory/disagg fields match ours (no drift lines)."""
+    from sglang_hydra.config.engine_check import check_with_engine
+
+    problems, notes = check_with_engine(compose_record(argv=["--tp", "2"]), REFERENCE_PYTHON)
+    assert problems == [], problems
+    assert not [n for n in notes if n.startswith("version drift")], notes
+    assert any("accepts this configuration" in n for n in notes)
+    rec = compose_record(argv=["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "4",
+                               "--speculative-num-draft-tokens", "8", "--page-size", "16",
+                               "--attention-backend", "torch_native"])
+    problems, _ = check_with_engine(rec, REFERENCE_PYTHON, drift_check=False)
+    assert len(problems) == 1 and "SGLang 0.5.23 rejects this configuration" in problems[0].message, problems
