@@ -18,6 +18,9 @@ from .fields import NAMESPACES
 from .spec import Arg, arg_of
 
 
+_IMMUTABLE = (bool, int, float, str, tuple, frozenset)
+
+
 @dataclasses.dataclass(frozen=True)
 class FieldInfo:
     name: str
@@ -30,7 +33,10 @@ class FieldInfo:
     def default_value(self) -> Any:
         if self.default_factory is not dataclasses.MISSING:
             return self.default_factory()
-        return copy.deepcopy(self.default)
+        d = self.default
+        if d is None or type(d) in _IMMUTABLE:
+            return d  # most of the 557 defaults: no copy needed
+        return copy.deepcopy(d)
 
     @property
     def key(self) -> str:
