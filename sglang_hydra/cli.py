@@ -9,6 +9,7 @@ legacy flags rendered as overrides in their original position.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from typing import List, Optional, Sequence
 
@@ -129,6 +130,9 @@ def _fields_named(cmd) -> set:
         key = text.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
         if key in keys:
             names.add(keys[key])
+        for ref in re.findall(r"\$\{([\w.]+)\}", text):  # keys an interpolation reads
+            if ref in keys:
+                names.add(keys[ref])
     return names
 
 

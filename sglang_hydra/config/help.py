@@ -34,10 +34,14 @@ def field_help_lines() -> List[str]:
     return lines
 
 
-def help_config():
+def help_config(full: bool = True):
+    """Hydra's help page.  ``full=False`` leaves the field list out: Hydra parses the template
+    for interpolations on every composition, and 900 lines of fields cost seconds there on
+    runs that never print it (the CLI asks for the full page only with --help)."""
     from hydra.conf import HelpConf
 
-    body = "\n".join(field_help_lines()).replace("$", "$$")
+    lines = field_help_lines() if full else ["(run sglang-hydra --help for the fields)"]
+    body = "\n".join(lines).replace("$", "$$")
     template = (
         "${hydra.help.header}\n"
         "Settings are Hydra overrides (key=value, group=option) or the reference engine's\n"

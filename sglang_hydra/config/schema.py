@@ -61,11 +61,10 @@ _registered = False
 
 
 def core_field_names() -> set:
-    """Fields a slim schema always holds: every field with a rule, bound or help of ours
-    (all of memory/disagg and the hand-written fields of the other namespaces), and every
-    field some preset in conf/ sets."""
+    """Fields a slim schema always holds: every field some preset in conf/ sets (the command's
+    own fields are added by the caller)."""
     from .compose import GROUPS, group_options, preset
-    names = {n for n, fi in FIELDS.items() if not fi.arg.actions or fi.arg.help}
+    names = set()
     keys = {fi.key: n for n, fi in FIELDS.items()}
     for group in GROUPS:
         if group == "job":
@@ -99,7 +98,7 @@ def register_configs(only=None) -> None:
     cs.store(name=SCHEMA_NAME, node=ROOT_SCHEMA)
     for name, spec in JOB_SPECS.items():
         cs.store(group="job", name=name, node=spec.config_cls)
-    cs.store(group="hydra/help", name="sglang_help", node=help_config())
+    cs.store(group="hydra/help", name="sglang_help", node=help_config(full=only is None))
     _registered = True
 
 

@@ -18,7 +18,8 @@ def render(record, fmt: str) -> str:
         raw = dict(record.raw_input) or values
         return " ".join(shlex.quote(a) for a in to_argv(raw, defaults))
     import yaml
-    return yaml.safe_dump(values, sort_keys=False, default_flow_style=None, width=120)
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # 557 fields: the C emitter is ~10x faster
+    return yaml.dump(values, Dumper=dumper, sort_keys=False, default_flow_style=None, width=120)
 
 
 def run(record, job: dict, ctx: JobContext) -> dict:
