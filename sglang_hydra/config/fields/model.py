@@ -17,13 +17,11 @@ from ..spec import arg
 class _ModelRules:
     model_path: str = arg(
         "tiny", "Checkpoint directory (its config.json supplies the KV geometry) or a preset name.",
-        aliases=("--model",))
+        )
     kv_cache_dtype: str = arg(
-        "auto", "Element type of the KV cache; 'auto' follows --dtype.",
-        choices=("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1"), resolvable=True)
+        "auto", "Element type of the KV cache; 'auto' follows --dtype.", resolvable=True)
     dtype: str = arg(
-        "auto", "Activation and weight type; 'auto' means bfloat16 here.",
-        choices=("auto", "half", "float16", "bfloat16", "float", "float32"))
+        "auto", "Activation and weight type; 'auto' means bfloat16 here.")
     context_length: Optional[int] = arg(
         None, "Longest sequence a request may reach; unset: the model's own limit.", ge=1)
     is_embedding: bool = arg(False, "Serve an embedding model (no decoding).")

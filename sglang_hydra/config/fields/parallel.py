@@ -1,4 +1,6 @@
-"""``parallel``: how the model is split over devices; the KV pool holds one rank's share."""
+"""``parallel``: how the model is split over devices; the KV pool holds one rank's share.
+
+Flags and aliases (``--tp``/``--tensor-parallel-size`` ...) come from the reference schema."""
 from __future__ import annotations
 
 from typing import Optional
@@ -8,16 +10,13 @@ from ..spec import arg
 
 
 class _ParallelRules:
-    tp_size: int = arg(1, "Tensor parallel degree.", aliases=("--tensor-parallel-size",), ge=1)
-    pp_size: int = arg(1, "Pipeline parallel degree.", aliases=("--pipeline-parallel-size",), ge=1)
-    dp_size: int = arg(1, "Data parallel degree.", aliases=("--data-parallel-size",), ge=1)
-    attn_dp_size: int = arg(1, "Data parallel degree of attention.",
-                            aliases=("--attention-data-parallel-size",), ge=1)
-    attn_cp_size: int = arg(1, "Context parallel degree of attention.",
-                            aliases=("--attention-context-parallel-size",), ge=1)
-    dcp_size: int = arg(1, "Decode context parallel degree.",
-                        aliases=("--decode-context-parallel-size",), ge=1)
-    ep_size: int = arg(1, "Expert parallel degree.", aliases=("--expert-parallel-size", "--ep"), ge=1)
+    tp_size: int = arg(1, "Tensor parallel degree.", ge=1)
+    pp_size: int = arg(1, "Pipeline parallel degree.", ge=1)
+    dp_size: int = arg(1, "Data parallel degree.", ge=1)
+    attn_dp_size: int = arg(1, "Data parallel degree of attention.", ge=1)
+    attn_cp_size: int = arg(1, "Context parallel degree of attention.", ge=1)
+    dcp_size: int = arg(1, "Decode context parallel degree.", ge=1)
+    ep_size: int = arg(1, "Expert parallel degree.", ge=1)
     enable_dp_attention: bool = arg(
         False, "Deprecated spelling of attention data parallelism; always folded into "
         "--attn-dp-size during resolution.", no_cli=True)
