@@ -462,10 +462,25 @@ def _is_number(tok: str) -> bool:
         return False
 
 
+class _FlagNames(dict):
+    """Flag spelling (no dashes) -> field; ``get`` also takes an unambiguous prefix, as the
+    reference does for a --config file (it replays each key as ``--key`` through argparse)."""
+
+    def get(self, key, default=None):
+        if key in self:
+            return self[key]
+        if not isinstance(key, str) or not key:
+            return default
+        full, _ = match_flag("--" + key, flag_actions())
+        return self[full[2:]] if full and full[2:] in self else default
+
+
 def flag_to_field() -> Dict[str, str]:
     """Every legacy spelling (without leading dashes) -> field name; used for --config files."""
-    out: Dict[str, str] = {}
+    out: Dict[str, str] = _FlagNames()
     for flag, action in flag_actions().items():
+        if action.kind == "boolean_optional" and flag.startswith("--no-"):
+            continue  # in a file the positive spelling takes true/false
         if flag.startswith("--") and action.dest in FIELDS:
             out[flag[2:]] = action.dest
     return out

@@ -207,3 +207,13 @@ def test_check_engine_reports_the_verdict_and_drift(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "--model-path tiny --tp-size 2"
     assert "SGLang 0.6.0 accepts this configuration" in proc.stderr
+
+
+def test_config_file_takes_flag_names_prefixes_and_optional_booleans(tmp_path):
+    cfg = tmp_path / "server.yaml"
+    cfg.write_text("tp: 2\ndllm-fdfo: false\nenable-metrics: true\nmax-loras-per-batch: 3\n")
+    rec = compose_record(argv=["--config", str(cfg)])
+    assert (rec.tp_size, rec.dllm_fdfo, rec.enable_metrics, rec.max_loras_per_batch) == (2, False, True, 3)
+    cfg.write_text("enable-metric: true\n")  # a prefix of two flags: ambiguous, so unknown
+    with pytest.raises(ConfigError):
+        compose_record(argv=["--config", str(cfg)])
