@@ -2,9 +2,11 @@
 
 Runs inside a separate virtual environment that has the reference wheel installed (see
 ``docs/differential.md``); it never imports sglang_hydra.  Input on stdin: a JSON list of
-``{"argv": [...], "env": {...}}``.  Output on stdout: one JSON list with, per shape, either
-``{"ok": true, "values": {field: value}}`` for every memory/disagg field, or
-``{"ok": false, "error": "<type>: <message>"}``.
+``{"argv": [...], "env": {...}, "mode": "resolve" | "parse"}``.  Output on stdout: one JSON
+list with, per shape, either ``{"ok": true, "values": {field: value}}`` or
+``{"ok": false, "error": "<type>: <message>"}``.  ``resolve`` (the default) runs the whole
+resolution and reports every memory/disagg field; ``parse`` only parses the command line
+(``prepare_server_args``) and reports every field of the record as the parser left it.
 
     ref-venv/bin/python scripts/reference_oracle.py < shapes.json > outcomes.json
 """
@@ -40,6 +42,7 @@ def main() -> int:
     from sglang.srt.server_args import ServerArgs, prepare_server_args
 
     fields = [f for f, ns in namespace_of(ServerArgs).items() if ns in ("memory", "disagg")]
+    all_fields = list(namespace_of(ServerArgs))
     outcomes = []
     saved_env = dict(os.environ)
     for shape in shapes:
@@ -49,9 +52,15 @@ def main() -> int:
         try:
             with contextlib.redirect_stderr(io.StringIO()):
                 args = prepare_server_args(list(shape["argv"]))
-                args.resolve_once()
-                resolved = args.resolved_dict()
-            outcomes.append({"ok": True, "values": {f: _jsonable(resolved.get(f)) for f in fields}})
+                if shape.get("mode") == "parse":
+                    parsed = {f: _jsonable(getattr(args, f, None)) for f in all_fields}
+                else:
+                    args.resolve_once()
+                    resolved = args.resolved_dict()
+            if shape.get("mode") == "parse":
+                outcomes.append({"ok": True, "values": parsed})
+            else:
+                outcomes.append({"ok": True, "values": {f: _jsonable(resolved.get(f)) for f in fields}})
         except SystemExit as exc:  # argparse rejected the command line
             outcomes.append({"ok": False, "error": f"SystemExit: {exc.code}"})
         except Exception as exc:  # noqa: BLE001 - every failure is an outcome to compare

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from typing import List, Optional, Sequence
 
@@ -195,7 +196,7 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
     from .jobs import failures, runner
     from .jobs.context import JobContext
 
-    register_configs()
+    register_configs(None if _shows_config(hydra_flags) else _fields_named(cmd))
     single_run: dict = {}
 
     def task(cfg):
@@ -296,6 +297,30 @@ def _report_sweeps() -> int:
     if not codes:
         return EXIT_OK
     return EXIT_CONFIG if codes == {EXIT_CONFIG} else EXIT_FAILED
+
+
+# Hydra flags that print the config or complete its keys need the schema with every field.
+_SHOWING_FLAGS = {"--cfg", "-c", "--help", "-h", "--hydra-help", "-sc", "--shell-completion", "--info", "-i",
+                  "--resolve", "-p", "--package"}
+
+
+def _shows_config(hydra_flags) -> bool:
+    return any(f.split("=")[0] in _SHOWING_FLAGS for f in hydra_flags)
+
+
+def _fields_named(cmd) -> set:
+    """Record fields the command sets (typed settings and the keys of Hydra-only overrides)."""
+    from .config.record import FIELDS
+    keys = {fi.key: n for n, fi in FIELDS.items()}
+    names = {s.name for s in cmd.settings}
+    for text in cmd.hydra_overrides:
+        key = text.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
+        if key in keys:
+            names.add(keys[key])
+        for ref in re.findall(r"\$\{([\w.]+)\}", text):  # keys an interpolation reads
+            if ref in keys:
+                names.add(keys[ref])
+    return names
 
 
 def entry() -> None:

@@ -13,8 +13,10 @@ _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
 
 
-def allowed_choices(fi: FieldInfo) -> Optional[List[str]]:
+def allowed_choices(fi: FieldInfo) -> Optional[List[Any]]:
     c = fi.arg.choices
+    if c is None and fi.arg.actions:
+        c = next((a.choices for a in fi.arg.actions if a.choices and a.action == "store"), None)
     if c is None:
         return None
     if isinstance(c, str):
@@ -48,6 +50,8 @@ def coerce(fi: FieldInfo, value: Any) -> Tuple[Any, Optional[str]]:
     """Return ``(converted, None)`` or ``(None, message)``."""
     tp, optional = base_type(fi)
     opts = allowed_choices(fi)
+    if tp is Any:
+        return _to_any(value, fi), None
     if value is None:
         if optional:
             return None, None
@@ -72,8 +76,11 @@ def coerce(fi: FieldInfo, value: Any) -> Tuple[Any, Optional[str]]:
             out = value
     except (TypeError, ValueError) as exc:
         return None, f"{value!r} is not {_describe(tp)}{': ' + str(exc) if str(exc) else ''}"
-    if opts is not None and tp is str and out not in opts:
-        return None, f"{out!r} is not one of the allowed values: {', '.join(opts)}"
+    if opts is not None:
+        items = out if isinstance(out, list) else [out]
+        bad = [x for x in items if x not in opts]
+        if bad:
+            return None, f"{bad[0]!r} is not one of the allowed values: {', '.join(map(str, opts))}"
     a = fi.arg
     if isinstance(out, (int, float)) and not isinstance(out, bool):
         if a.ge is not None and out < a.ge:
@@ -129,14 +136,34 @@ def _to_str(v: Any) -> str:
     raise ValueError("")
 
 
+def _element_converter(fi: FieldInfo):
+    tp, _ = base_type(fi)
+    (elem,) = typing.get_args(tp) or (str,)
+    return {int: _to_int, float: _to_float, str: _to_str}.get(elem, lambda x: x)
+
+
+def _value_parser(fi: FieldInfo) -> Optional[str]:
+    if fi.arg.parser:
+        return fi.arg.parser
+    return fi.arg.actions[0].parser if fi.arg.actions else None
+
+
 def _to_list(v: Any, fi: FieldInfo) -> list:
-    if isinstance(v, str) and fi.arg.parser == "json_list":
+    if isinstance(v, str) and _value_parser(fi) == "json_list":
         v = json.loads(v)
+    conv = _element_converter(fi)
     if isinstance(v, (list, tuple)):
-        return [_to_str(x) for x in v]
+        return [conv(x) for x in v]
     if isinstance(v, str):
-        return [v]
+        return [conv(v)]
     raise ValueError("")
+
+
+def _to_any(v: Any, fi: FieldInfo) -> Any:
+    """Fields the reference parses as arbitrary JSON keep the value as given: a legacy flag
+    has parsed its JSON text already, and a Hydra override spells the structure itself
+    (``key={a:1}``), so converting again here would turn the JSON string '"1"' into 1."""
+    return v
 
 
 def _to_dict(v: Any) -> dict:

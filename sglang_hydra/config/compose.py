@@ -135,18 +135,26 @@ def _suggest(key: str, candidates: Iterable[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
+@functools.lru_cache(maxsize=1)
 def _all_record_keys() -> Dict[str, str]:
+    # Cached: FIELDS never changes, and the record has 557 fields (read-only to callers).
     return {fi.key: name for name, fi in FIELDS.items() if not fi.arg.no_cli}
+
+
+@functools.lru_cache(maxsize=1)
+def _override_parser():
+    """Hydra's override parser; building it inspects ~20 grammar functions, so keep one."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    return OverridesParser.create()
 
 
 def parse_overrides(texts: Sequence[str], cmd: Command, *, allow_sweep: bool = False) -> None:
     """Classify Hydra override strings into group choices, typed settings and the rest."""
     if not texts:
         return
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    parser = OverridesParser.create()
+    parser = _override_parser()
     keys = _all_record_keys()
     for text in texts:
         try:

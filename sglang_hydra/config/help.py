@@ -7,7 +7,7 @@ from typing import List
 from .coerce import allowed_choices
 from .fields import NAMESPACES
 from .record import fields_of_namespace
-from .spec import flags_of
+from .spec import flags_of, has_flag
 
 
 def field_help_lines() -> List[str]:
@@ -20,13 +20,15 @@ def field_help_lines() -> List[str]:
         for fi in fields_of_namespace(ns):
             if fi.arg.no_cli:
                 continue
-            flags = "" if fi.arg.hydra_only else "  [" + ", ".join(flags_of(fi.name, fi.arg)) + "]"
+            flags = "  [" + ", ".join(flags_of(fi.name, fi.arg)) + "]" if has_flag(fi.arg) else ""
             default = fi.default_value()
             lines.append(f"  {fi.key}={default!r}{flags}")
             text = fi.arg.help
             opts = allowed_choices(fi)
             if opts:
-                text += f" Choices: {', '.join(opts)}."
+                text += f" Choices: {', '.join(map(str, opts))}."
+            if not text:
+                continue  # a reference field without a rule here: `sglang serve --help` explains it
             lines += textwrap.wrap(text, width=96, initial_indent="      ", subsequent_indent="      ")
         lines.append("")
     return lines
@@ -46,7 +48,6 @@ JOB_FIELD_HELP = {
     "mode": "metadata: hit/miss accounting only; full: move real KV bytes through the tiers.",
     "policy": "Replay-only eviction policy (e.g. belady, fifo) instead of the record's.",
     "tail_threshold_tokens": "Requests with more uncached tokens than this count as the tail.",
-    "prefill_us_per_token": "Modelled prefill cost per uncached token (microseconds).",
     "on_bad_line": "A malformed trace line stops the replay (fail) or is skipped and counted (skip).",
     "seed": "Seed of the synthetic workload.",
     "conversations": "Synthetic workload: number of conversations.",
@@ -66,10 +67,10 @@ def job_help_lines() -> List[str]:
     """Every job (``job=<name>``) with each of its ``job.*`` settings, default and choices."""
     import dataclasses
 
-    from ..jobs.specs import JOB_SPECS
+    from .registry import job_schemas
 
     lines: List[str] = []
-    for name, spec in sorted(JOB_SPECS.items()):
+    for name, spec in sorted(job_schemas().items()):
         doc = (spec.config_cls.__doc__ or "").strip().splitlines()
         lines.append(f"job={name}: {doc[0] if doc else ''}")
         for f in dataclasses.fields(spec.config_cls):
@@ -103,10 +104,14 @@ written; the last one wins). A complete example: docs/examples/server.yaml in th
 """
 
 
-def help_config():
+def help_config(full: bool = True):
+    """Hydra's help page.  ``full=False`` leaves the field list out: Hydra parses the template
+    for interpolations on every composition, and 900 lines of fields cost seconds there on
+    runs that never print it (the CLI asks for the full page only with --help)."""
     from hydra.conf import HelpConf
 
-    body = "\n".join(field_help_lines()).replace("$", "$$")
+    lines = field_help_lines() if full else ["(run sglang-hydra --help for the fields)"]
+    body = "\n".join(lines).replace("$", "$$")
     jobs = "\n".join(job_help_lines()).replace("$", "$$")
     config_file = CONFIG_FILE_HELP.replace("$", "$$")
     template = (

@@ -19,10 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .coerce import allowed_choices, base_type
 from .errors import Problem
 from .record import FIELDS, FieldInfo
-from .spec import flags_of, primary_flag
-
-# Flags the reference registers by hand that map onto record fields.
-_DEPRECATED_FLAGS = {"--enable-dp-attention": "enable_dp_attention"}
+from .spec import FlagSpec, flags_of, has_flag, primary_flag
 
 # Hydra's own command-line flags: name -> takes a value.
 HYDRA_FLAGS = {
@@ -50,49 +47,172 @@ def json_list_type(text: str):
         raise argparse.ArgumentTypeError(f"Invalid JSON list: {text}. Please provide a valid JSON list.")
 
 
-def _type_func(fi: FieldInfo):
-    if fi.arg.parser == "json":
-        return _json_loads
-    if fi.arg.parser == "json_list":
-        return json_list_type
+def nullable_str(text: str):
+    """Empty text or the word ``None`` means unset, as in the reference."""
+    return None if not text or text == "None" else text
+
+
+_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
+
+
+def human_readable_int(text: str) -> int:
+    """An integer with an optional SI (1k, 2.5M) or IEC (1Ki, 4Gi) suffix; suffixes are case-sensitive."""
+    from decimal import Decimal
+    text = text.strip()
+    m = _SUFFIXED.fullmatch(text)
+    if m:
+        number, suffix = m.groups()
+        if suffix in _IEC:
+            if "." in number:
+                raise argparse.ArgumentTypeError(f"{text!r}: an IEC suffix ({suffix}) takes a whole number")
+            return int(number) * _IEC[suffix]
+        return int(Decimal(number) * _SI[suffix])
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid integer {text!r}: use digits, optionally with k/M/G/T or Ki/Mi/Gi/Ti") from None
+
+
+def cuda_graph_backend(text: str) -> str:
+    if text == "tc_piecewise":
+        raise argparse.ArgumentTypeError("tc_piecewise no longer exists; use breakable, full or disabled")
+    return text
+
+
+def cuda_graph_config(text: str):
+    """A JSON object of phase -> settings; phases and keys as the reference allows them."""
+    from .schema_snapshot import load_snapshot
+    facts = load_snapshot().get("parser_facts", {}).get("cuda_graph_config", {})
+    phases, keys = facts.get("phases", ()), facts.get("keys", {})
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--cuda-graph-config must be JSON: {exc}")
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"--cuda-graph-config must be a JSON object, got {type(parsed).__name__}")
+    out = {}
+    for phase, settings in parsed.items():
+        phase = str(phase)
+        if phases and phase not in phases:
+            raise argparse.ArgumentTypeError(f"--cuda-graph-config: unknown phase {phase!r}; allowed: {', '.join(phases)}")
+        if not isinstance(settings, dict):
+            raise argparse.ArgumentTypeError(f"--cuda-graph-config[{phase!r}] must be a JSON object")
+        if "backend" in settings:
+            cuda_graph_backend(settings["backend"])
+        allowed = keys.get(phase)
+        for k in settings:
+            if allowed is not None and k not in allowed:
+                raise argparse.ArgumentTypeError(
+                    f"--cuda-graph-config[{phase!r}]: unknown key {k!r}; allowed: {', '.join(allowed)}")
+        out[phase] = dict(settings)
+    return out
+
+
+VALUE_PARSERS = {
+    "int": int, "float": float, "str": str, "json": _json_loads, "json_list": json_list_type,
+    "human_readable_int": human_readable_int, "nullable_str": nullable_str,
+    "cuda_graph_backend": cuda_graph_backend, "cuda_graph_config": cuda_graph_config,
+}
+
+
+def _type_name(fi: FieldInfo) -> str:
     tp, _ = base_type(fi)
     if typing.get_origin(tp) in (list, List):
         (elem,) = typing.get_args(tp) or (str,)
         tp = elem
-    return {int: int, float: float}.get(tp, str)
+    return {int: "int", float: "float"}.get(tp, "str")
+
+
+def field_actions(fi: FieldInfo) -> Tuple[FlagSpec, ...]:
+    """The reference's argparse actions for a field: from the snapshot, or derived from a
+    hand-written declaration (one action: store_true for booleans, else store)."""
+    a = fi.arg
+    if a.actions:
+        return a.actions
+    if not has_flag(a):
+        return ()
+    flags = tuple(flags_of(fi.name, a))
+    tp, _ = base_type(fi)
+    if tp is bool:
+        return (FlagSpec(flags, "store_true"),)
+    nargs = None
+    if typing.get_origin(tp) in (list, List) and a.parser is None:
+        nargs = a.nargs or "+"
+    elif a.nargs:
+        nargs = a.nargs
+    opts = allowed_choices(fi)
+    return (FlagSpec(flags, "store", a.parser or _type_name(fi), tuple(opts) if opts else None, nargs),)
 
 
 def cli_fields() -> List[FieldInfo]:
-    return [fi for fi in FIELDS.values() if not (fi.arg.no_cli or fi.arg.hydra_only)]
+    """Fields with at least one reference flag."""
+    return [fi for fi in FIELDS.values() if field_actions(fi)]
 
 
-def _add_field(parser: argparse.ArgumentParser, fi: FieldInfo) -> None:
-    names = list(flags_of(fi.name, fi.arg))
-    kw: Dict[str, Any] = {"help": fi.arg.help, "default": fi.default_value()}
-    if primary_flag(fi.name, fi.arg)[2:].replace("-", "_") != fi.name:
-        kw["dest"] = fi.name
-    tp, _ = base_type(fi)
-    if tp is bool:
+class _LoraPaths(argparse.Action):
+    """``--lora-paths``: each item is a path, ``name=path``, or a JSON object with lora_name and lora_path."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, lora_path_items(values or []))
+
+
+def lora_path_items(values: Sequence[str]) -> list:
+    out = []
+    for item in values:
+        item = item.strip()
+        if item.startswith("{") and item.endswith("}"):
+            obj = json.loads(item)
+            if not (isinstance(obj, dict) and "lora_path" in obj and "lora_name" in obj):
+                raise ValueError(f"{item!r} is JSON but lacks the 'lora_name' and 'lora_path' keys")
+            out.append(obj)
+        else:
+            out.append(item)
+    return out
+
+
+class _DeprecatedStoreConst(argparse.Action):
+    """A retired flag that still sets its field to a fixed value (``const``)."""
+
+    def __init__(self, option_strings, dest, const_value=None, **kw):
+        self.const_value = const_value
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.const_value)
+
+
+def _add_action(parser: argparse.ArgumentParser, fi: FieldInfo, spec: FlagSpec) -> None:
+    kw: Dict[str, Any] = {"help": fi.arg.help or None, "default": fi.default_value(), "dest": fi.name}
+    names = list(spec.flags)
+    if spec.action in ("store_true", "deprecated_store_true"):
         kw["action"] = "store_true"
+    elif spec.action == "boolean_optional":
+        names = [f for f in names if not f.startswith("--no-")]
+        kw["action"] = argparse.BooleanOptionalAction
+    elif spec.action == "deprecated_store_const":
+        kw.update(action=_DeprecatedStoreConst, const_value=spec.const, choices=spec.choices)
     else:
-        kw["type"] = _type_func(fi)
-        if typing.get_origin(tp) in (list, List) and fi.arg.parser is None:
-            kw["nargs"] = fi.arg.nargs or "+"
-        elif fi.arg.nargs:
-            kw["nargs"] = fi.arg.nargs
-        opts = allowed_choices(fi)
-        if opts:
-            kw["choices"] = opts
+        if spec.action == "lora_paths":
+            kw["action"] = _LoraPaths
+        kw["type"] = VALUE_PARSERS.get(spec.parser or "str", str)
+        if spec.choices:
+            kw["choices"] = list(spec.choices)
+        if spec.nargs is not None:
+            kw["nargs"] = spec.nargs
+        if spec.nargs == "?":
+            kw["const"] = spec.const
     parser.add_argument(*names, **kw)
 
 
 def legacy_parser(prog: str = "sglang-hydra") -> argparse.ArgumentParser:
-    """The reference engine's flags for every declared field (dest = field name)."""
+    """The reference engine's flags for every field (dest = field name)."""
     parser = argparse.ArgumentParser(prog=prog, add_help=True)
-    for fi in cli_fields():
-        _add_field(parser, fi)
-    parser.add_argument("--enable-dp-attention", dest="enable_dp_attention", action="store_true",
-                        default=False, help="Deprecated: use --attn-dp-size.")
+    for fi in FIELDS.values():
+        for spec in field_actions(fi):
+            _add_action(parser, fi, spec)
     parser.add_argument("--config", help="YAML file of settings merged after presets and before the command line.")
     return parser
 
@@ -115,30 +235,60 @@ class SplitArgv:
     problems: List[Problem]
 
 
-_PARSER_CACHE: Dict[Tuple, argparse.ArgumentParser] = {}
+class FlagAction:
+    """What split_argv needs to know about one flag; building these is ~10x cheaper than
+    registering 530 argparse actions, which only ``legacy_parser()`` (tests, docs) still does."""
+
+    __slots__ = ("option_strings", "dest", "kind", "nargs", "type", "choices", "const")
+
+    def __init__(self, option_strings, dest, kind, nargs, type, choices, const):
+        self.option_strings, self.dest, self.kind, self.nargs = option_strings, dest, kind, nargs
+        self.type, self.choices, self.const = type, choices, const
 
 
-def _cached_parser() -> argparse.ArgumentParser:
+_TABLE_CACHE: Dict[Tuple, Dict[str, FlagAction]] = {}
+
+
+def flag_actions() -> Dict[str, FlagAction]:
+    """Every flag spelling -> its action (the table is rebuilt when a plugin adds choices)."""
     from . import choices as c
     key = tuple((k, tuple(v)) for k, v in sorted(c._REGISTRY.items()))
-    p = _PARSER_CACHE.get(key)
-    if p is None:
-        _PARSER_CACHE.clear()
-        p = _PARSER_CACHE[key] = legacy_parser()
-    return p
+    table = _TABLE_CACHE.get(key)
+    if table is None:
+        _TABLE_CACHE.clear()
+        table = _TABLE_CACHE[key] = _build_table()
+    return table
 
 
-def flag_actions() -> Dict[str, argparse.Action]:
-    return dict(_cached_parser()._option_string_actions)
+def _build_table() -> Dict[str, FlagAction]:
+    table: Dict[str, FlagAction] = {}
+    for fi in FIELDS.values():
+        for spec in field_actions(fi):
+            kind = spec.action
+            if kind in ("store_true", "deprecated_store_true", "boolean_optional"):
+                nargs, tfunc, choices = 0, None, None
+            else:
+                nargs = None if kind == "deprecated_store_const" else spec.nargs
+                tfunc = None if kind == "deprecated_store_const" else VALUE_PARSERS.get(spec.parser or "str", str)
+                choices = list(spec.choices) if spec.choices else None
+            act = FlagAction(tuple(spec.flags), fi.name, kind, nargs, tfunc, choices, spec.const)
+            for flag in spec.flags:
+                table.setdefault(flag, act)
+    table["--config"] = FlagAction(("--config",), "config", "config", None, str, None, None)
+    return table
 
 
-def _problem(action: argparse.Action, flag: str, message: str) -> Problem:
+def _problem(action: FlagAction, flag: str, message: str) -> Problem:
     fi = FIELDS.get(action.dest)
     key = fi.key if fi else action.dest
     return Problem(key, flag, message, source=flag)
 
 
-def _convert(action: argparse.Action, flag: str, raw: str) -> Tuple[Any, Optional[Problem]]:
+_KIND = {int: "an integer", float: "a number", human_readable_int: "an integer (suffixes k/M/G/T, Ki/Mi/Gi/Ti allowed)",
+         _json_loads: "JSON text", json_list_type: "a JSON list", cuda_graph_config: "a JSON object of phase settings"}
+
+
+def _convert(action: FlagAction, flag: str, raw: str) -> Tuple[Any, Optional[Problem]]:
     func = action.type or str
     try:
         value = func(raw)
@@ -146,11 +296,44 @@ def _convert(action: argparse.Action, flag: str, raw: str) -> Tuple[Any, Optiona
         return None, _problem(action, flag, f"argument {flag}: {exc}")
     except (TypeError, ValueError):
         name = getattr(func, "__name__", repr(func))
-        return None, _problem(action, flag, f"argument {flag}: invalid {name} value: {raw!r}")
+        want = _KIND.get(func)
+        tail = f"; expected {want}" if want else ""
+        return None, _problem(action, flag, f"argument {flag}: invalid {name} value: {raw!r}{tail}")
     if action.choices is not None and value not in action.choices:
         allowed = ", ".join(repr(c) for c in action.choices)
         return None, _problem(action, flag, f"argument {flag}: invalid choice: {value!r} (choose from {allowed})")
     return value, None
+
+
+def _long_hydra_flags() -> List[str]:
+    return [f for f in HYDRA_FLAGS if f.startswith("--")]
+
+
+def match_flag(flag: str, actions: Dict[str, FlagAction]) -> Tuple[Optional[str], Optional[str]]:
+    """``(full flag, None)`` for an exact flag or an unambiguous prefix of one (as argparse
+    accepts ``--tp`` for ``--tp-size``), else ``(None, why)``; ``why`` is None when nothing matches."""
+    if flag in actions:
+        return flag, None
+    if not flag.startswith("--") or len(flag) < 3:
+        return None, None
+    ours = [f for f in actions if f.startswith(flag) and f.startswith("--") and f != "--help"]
+    hydra = [f for f in _long_hydra_flags() if f.startswith(flag)]
+    if ours and hydra:
+        return None, (f"{flag} abbreviates both Hydra's own flag{'s' if len(hydra) > 1 else ''} "
+                      f"{', '.join(hydra)} and the reference flag{'s' if len(ours) > 1 else ''} "
+                      f"{', '.join(sorted(ours)[:6])}; spell the flag out")
+    if hydra and not ours:
+        return None, f"{flag} abbreviates Hydra's own flag {', '.join(hydra)}; Hydra's flags must be spelled out"
+    if len(ours) == 1:
+        return ours[0], None
+    if len(ours) > 1:
+        shown = ", ".join(sorted(ours)[:8]) + (" ..." if len(ours) > 8 else "")
+        return None, f"ambiguous flag {flag}: could be {shown}"
+    return None, None
+
+
+def _takes_value(tok: str) -> bool:
+    return not tok.startswith("-") or _is_number(tok)
 
 
 def split_argv(argv: Sequence[str]) -> SplitArgv:
@@ -182,18 +365,29 @@ def split_argv(argv: Sequence[str]) -> SplitArgv:
                 else:
                     out.problems.append(Problem("", "--config", "argument --config: expected one argument"))
                 continue
-            if flag.split("=")[0] in HYDRA_FLAGS:
+            if flag in HYDRA_FLAGS:
                 out.hydra_flags.append(tok)
                 continue
-            action = actions.get(flag)
-            if action is None or flag in ("--help", "-h"):
-                close = difflib.get_close_matches(flag, [a for a in actions if a.startswith("--")], n=1)
-                hint = f"; did you mean {close[0]}?" if close else ""
-                out.problems.append(Problem("", flag, f"unrecognized flag {flag}{hint}", source=flag))
+            full, why = match_flag(flag, actions) if flag != "--help" else (None, None)
+            if full == "--config":
+                full, why = None, f"{flag} abbreviates --config; spell it out"
+            if full is None:
+                if why is None:
+                    close = difflib.get_close_matches(flag, [a for a in actions if a.startswith("--")], n=1)
+                    why = f"unrecognized flag {flag}" + (f"; did you mean {close[0]}?" if close else "")
+                out.problems.append(Problem("", flag, why, source=flag))
                 if not eq and i < len(argv) and not argv[i].startswith("-") and "=" not in argv[i]:
                     i += 1  # skip its value so it is not mistaken for an override
                 continue
-            if isinstance(action, argparse._StoreTrueAction):
+            action = actions[full]
+            flag = full
+            if action.kind == "boolean_optional":
+                if eq:
+                    out.problems.append(_problem(action, flag, f"argument {flag}: ignored explicit argument {inline!r}"))
+                else:
+                    out.settings.append((pos, Setting(action.dest, not flag.startswith("--no-"), flag)))
+                continue
+            if action.nargs == 0:  # store_true and deprecated store_true flags
                 if eq:
                     out.problems.append(_problem(action, flag, f"argument {flag}: ignored explicit argument {inline!r}"))
                 else:
@@ -201,7 +395,7 @@ def split_argv(argv: Sequence[str]) -> SplitArgv:
                 continue
             if action.nargs in ("+", "*"):
                 raws = [inline] if eq else []
-                while not eq and i < len(argv) and not argv[i].startswith("-") and not _looks_like_override(argv[i]):
+                while not eq and i < len(argv) and _takes_value(argv[i]) and not _looks_like_override(argv[i]):
                     raws.append(argv[i])
                     i += 1
                 if not raws and action.nargs == "+":
@@ -214,12 +408,28 @@ def split_argv(argv: Sequence[str]) -> SplitArgv:
                         out.problems.append(prob)
                         bad = True
                     values.append(v)
-                if not bad:
-                    out.settings.append((pos, Setting(action.dest, values, flag)))
+                if bad:
+                    continue
+                if action.kind == "lora_paths":
+                    try:
+                        values = lora_path_items(values)
+                    except (ValueError, json.JSONDecodeError) as exc:
+                        out.problems.append(_problem(action, flag, f"argument {flag}: {exc}"))
+                        continue
+                out.settings.append((pos, Setting(action.dest, values, flag)))
                 continue
-            if eq:
+            if action.nargs == "?":
+                if eq:
+                    raw = inline
+                elif i < len(argv) and _takes_value(argv[i]) and not _looks_like_override(argv[i]):
+                    raw = argv[i]
+                    i += 1
+                else:
+                    out.settings.append((pos, Setting(action.dest, action.const, flag)))
+                    continue
+            elif eq:
                 raw = inline
-            elif i < len(argv) and (not argv[i].startswith("-") or _is_number(argv[i])):
+            elif i < len(argv) and _takes_value(argv[i]):
                 raw = argv[i]
                 i += 1
             else:
@@ -228,6 +438,8 @@ def split_argv(argv: Sequence[str]) -> SplitArgv:
             v, prob = _convert(action, flag, raw)
             if prob:
                 out.problems.append(prob)
+            elif action.kind == "deprecated_store_const":
+                out.settings.append((pos, Setting(action.dest, action.const, flag)))
             else:
                 out.settings.append((pos, Setting(action.dest, v, flag)))
             continue
@@ -250,36 +462,81 @@ def _is_number(tok: str) -> bool:
         return False
 
 
+class _FlagNames(dict):
+    """Flag spelling (no dashes) -> field; ``get`` also takes an unambiguous prefix, as the
+    reference does for a --config file (it replays each key as ``--key`` through argparse)."""
+
+    def get(self, key, default=None):
+        if key in self:
+            return self[key]
+        if not isinstance(key, str) or not key:
+            return default
+        full, _ = match_flag("--" + key, flag_actions())
+        return self[full[2:]] if full and full[2:] in self else default
+
+
 def flag_to_field() -> Dict[str, str]:
     """Every legacy spelling (without leading dashes) -> field name; used for --config files."""
-    out: Dict[str, str] = {}
+    out: Dict[str, str] = _FlagNames()
     for flag, action in flag_actions().items():
+        if action.kind == "boolean_optional" and flag.startswith("--no-"):
+            continue  # in a file the positive spelling takes true/false
         if flag.startswith("--") and action.dest in FIELDS:
             out[flag[2:]] = action.dest
     return out
 
 
 def to_argv(values: Dict[str, Any], defaults: Dict[str, Any]) -> List[str]:
-    """Reference launch flags for every field whose value differs from its default."""
+    """Reference launch flags for every field whose value differs from its default.
+
+    Values that no flag can spell (False for a plain store_true flag, None for a valued flag
+    whose default is set, an empty list for a ``nargs='+'`` flag) are left out."""
     out: List[str] = []
     for fi in cli_fields():
         v = values.get(fi.name)
         if v == defaults.get(fi.name) and fi.name != "model_path":  # the reference requires --model-path
             continue
-        flag = primary_flag(fi.name, fi.arg)
-        tp, _ = base_type(fi)
-        if tp is bool:
-            if v:
-                out.append(flag)
-            else:
-                continue  # a store_true flag cannot express False; the default already is False
-        elif v is None:
-            continue  # no flag spelling for "unset"; the reference default is None too
-        elif fi.arg.parser in ("json", "json_list"):
-            out += [flag, json.dumps(v, separators=(",", ":"))]
-        elif isinstance(v, list):
-            if v:
-                out += [flag, *map(str, v)]
-        else:
-            out += [flag, str(v)]
+        out += flag_tokens(fi, v)
     return out
+
+
+def flag_tokens(fi: FieldInfo, v: Any) -> List[str]:
+    """The tokens that make the reference parse ``v`` for this field ([] when no flag can)."""
+    acts = field_actions(fi)
+    usable = [a for a in acts if not a.action.startswith("deprecated")] or list(acts)
+    act = usable[0]
+    flag = act.flags[0]
+    if act.action in ("store_true", "deprecated_store_true"):
+        return [flag] if v is True else []
+    if act.action == "boolean_optional":
+        if v is None:
+            return []
+        return [flag] if v else ["--no-" + flag[2:]]
+    if act.action == "deprecated_store_const":
+        return [flag, str(act.choices[0])] if v == act.const and act.choices else []
+    if v is None:
+        return [flag, "None"] if act.parser == "nullable_str" else []
+    if act.parser in ("json", "json_list", "cuda_graph_config"):
+        return [f"{flag}={json.dumps(v, separators=(',', ':'))}"]
+    if act.action == "lora_paths" or act.nargs in ("+", "*"):
+        items = v if isinstance(v, list) else [v]
+        if not items:
+            return [flag] if act.nargs == "*" or act.action == "lora_paths" else []
+        toks = [json.dumps(x) if isinstance(x, dict) else _scalar_text(x) for x in items]
+        if any(t.startswith("-") and not _is_number(t) for t in toks):
+            return []  # argparse would read such an item as a flag
+        return [flag, *toks]
+    if act.nargs == "?" and v == act.const:
+        return [flag]
+    text = _scalar_text(v)
+    if act.parser == "nullable_str" and (text == "" or text == "None"):
+        return []  # the reference reads both as unset
+    return [f"{flag}={text}"] if text.startswith("-") or text == "" else [flag, text]
+
+
+def _scalar_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)

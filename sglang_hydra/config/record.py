@@ -18,6 +18,9 @@ from .fields import NAMESPACES
 from .spec import Arg, arg_of
 
 
+_IMMUTABLE = (bool, int, float, str, tuple, frozenset)
+
+
 @dataclasses.dataclass(frozen=True)
 class FieldInfo:
     name: str
@@ -30,7 +33,10 @@ class FieldInfo:
     def default_value(self) -> Any:
         if self.default_factory is not dataclasses.MISSING:
             return self.default_factory()
-        return copy.deepcopy(self.default)
+        d = self.default
+        if d is None or type(d) in _IMMUTABLE:
+            return d  # most of the 557 defaults: no copy needed
+        return copy.deepcopy(d)
 
     @property
     def key(self) -> str:
@@ -49,7 +55,13 @@ def collect_fields() -> Dict[str, FieldInfo]:
                     f"{f.name!r} is declared by both {NAMESPACES[collected[f.name].namespace].__name__} "
                     f"and {cls.__name__}; a field belongs to exactly one namespace")
             collected[f.name] = FieldInfo(f.name, ns, hints[f.name], f.default, f.default_factory, arg_of(f))
+    # The reference's positional order first (our frozen order names a subset of it in the
+    # same relative order), then this project's own fields (KV geometry) in collection order.
+    from .schema_snapshot import reference_fields
     ordered = {n: collected[n] for n in POSITIONAL_FIELD_ORDER if n in collected}
+    ref_order = [n for n in reference_fields() if n in collected]
+    if [n for n in ref_order if n in ordered] == list(ordered):
+        ordered = {n: collected[n] for n in ref_order}
     ordered.update((n, fi) for n, fi in collected.items() if n not in ordered)
     return ordered
 
@@ -69,9 +81,9 @@ def _build_record_class():
             specs.append((fi.name, fi.type, dataclasses.field(default_factory=fi.default_factory)))
         else:
             specs.append((fi.name, fi.type, dataclasses.field(default=fi.default)))
-    return dataclasses.make_dataclass("ServerArgs", specs, frozen=True, namespace={
+    from .fastclass import fast_dataclass
+    return fast_dataclass("ServerArgs", specs, frozen=True, module=__name__, namespace={
         "__doc__": "The flat server record: every field of every namespace, in record order.",
-        "__module__": __name__,
         "__reduce__": _reduce,
         "raw_input": property(lambda self: MappingProxyType(self.__dict__.get("_raw_input", {}))),
         "explicit_fields": property(lambda self: self.__dict__.get("_explicit", frozenset())),

@@ -36,41 +36,61 @@ def hydra_fields(namespace: str) -> List[FieldInfo]:
     return [fi for fi in fields_of_namespace(namespace) if not fi.arg.no_cli]
 
 
-def _schema_class(namespace: str, cls) -> type:
+def _schema_class(namespace: str, cls, only=None) -> type:
+    from .fastclass import fast_dataclass
     specs = []
     for fi in hydra_fields(namespace):
+        if only is not None and fi.name not in only:
+            continue
         if fi.default_factory is not dataclasses.MISSING:
             d = dataclasses.field(default_factory=fi.default_factory, metadata=dict(help=fi.arg.help))
         else:
             d = dataclasses.field(default=fi.default, metadata=dict(help=fi.arg.help))
         specs.append((fi.name, _schema_type(fi), d))
-    return dataclasses.make_dataclass(f"{cls.__name__}Schema", specs, namespace={"__doc__": cls.__doc__})
+    return fast_dataclass(f"{cls.__name__}Schema", specs, namespace={"__doc__": cls.__doc__})
 
 
-SCHEMAS: Dict[str, type] = {ns: _schema_class(ns, cls) for ns, cls in NAMESPACES.items()}
-
-
-def _root_class() -> type:
-    specs = [(ns, schema, dataclasses.field(default_factory=schema)) for ns, schema in SCHEMAS.items()]
+def _root_class(only=None) -> type:
+    schemas = {ns: _schema_class(ns, cls, only) for ns, cls in NAMESPACES.items()}
+    specs = [(ns, sc, dataclasses.field(default_factory=sc)) for ns, sc in schemas.items()]
     specs.append(("job", Any, dataclasses.field(default=None)))
     from .hardware import Hardware  # composed beside the record, typed like it
     specs.append(("hardware", Hardware, dataclasses.field(default_factory=Hardware)))
     return dataclasses.make_dataclass("ServerArgsSchema", specs)
 
 
-ROOT_SCHEMA = _root_class()
-
 _registered = False
 
 
-def register_configs() -> None:
+def core_field_names() -> set:
+    """Fields a slim schema always holds: every field some preset in conf/ sets (the command's
+    own fields are added by the caller)."""
+    from .compose import GROUPS, group_options, preset
+    names = set()
+    keys = {fi.key: n for n, fi in FIELDS.items()}
+    for group in GROUPS:
+        if group == "job":
+            continue
+        for option in group_options(group):
+            data, _ = preset(group, option)
+            for ns, settings in (data.items() if isinstance(data, dict) else ()):
+                for k in (settings if isinstance(settings, dict) else ()):
+                    if f"{ns}.{k}" in keys:
+                        names.add(keys[f"{ns}.{k}"])
+    return names
+
+
+def register_configs(only=None) -> None:
     """Store the schema, the job options and the generated help page (idempotent).
 
-    The jobs are those registered in :mod:`.registry` (the jobs layer registers them when
-    the package is imported)."""
+    ``only`` (field names) registers a slim schema: those fields plus :func:`core_field_names`.
+    The CLI uses it for runs that do not show the config (a ``hydra.*`` setting, a sweep):
+    OmegaConf's cost grows with every node Hydra merges and copies, and the record gets the
+    defaults of the fields left out anyway.  ``--cfg``, ``--help`` and completion use all fields."""
     global _registered
     if _registered:
         return
+    ROOT_SCHEMA = _root_class(None if only is None else set(only) | core_field_names())
     from hydra.core.config_store import ConfigStore
 
     from .help import help_config
@@ -80,7 +100,7 @@ def register_configs() -> None:
     store.store(name=SCHEMA_NAME, node=ROOT_SCHEMA)
     for name, job in job_schemas().items():
         store.store(group="job", name=name, node=job.config_cls)
-    store.store(group="hydra/help", name="sglang_help", node=help_config())
+    store.store(group="hydra/help", name="sglang_help", node=help_config(full=only is None))
     _registered = True
 
 

@@ -19,7 +19,8 @@ def render(record, fmt: str) -> str:
         raw = dict(record.raw_input) or values
         return " ".join(shlex.quote(a) for a in to_argv(raw, defaults))
     import yaml
-    return yaml.safe_dump(values, sort_keys=False, default_flow_style=None, width=120)
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # 557 fields: the C emitter is ~10x faster
+    return yaml.dump(values, Dumper=dumper, sort_keys=False, default_flow_style=None, width=120)
 
 
 def render_deployment(dep, fmt: str) -> str:
@@ -42,6 +43,15 @@ def render_deployment(dep, fmt: str) -> str:
 
 
 def run(record, job: dict, ctx: JobContext) -> dict:
+    if job.get("check") == "engine":
+        import sys
+        from ..config.engine_check import check_with_engine
+        from ..config.errors import ConfigError
+        problems, notes = check_with_engine(record, job.get("python"))
+        for note in notes:
+            print(f"sglang-hydra: check=engine: {note}", file=sys.stderr)
+        if problems:
+            raise ConfigError(problems)
     from ..config.deploy import Deployment
     fmt = job.get("format", "yaml")
     text = render_deployment(record, fmt) if isinstance(record, Deployment) else render(record, fmt)

@@ -20,6 +20,8 @@ class ResolveJob:
     name: str = "resolve"
     format: str = "yaml"  # yaml | json | argv
     output: Optional[str] = None  # also write it to this file (atomically)
+    check: str = "none"   # none | engine: also run the installed SGLang's own resolution on it
+    python: Optional[str] = None  # interpreter for check=engine (unset: this one)
 
 
 @dataclass
@@ -109,7 +111,8 @@ class JobSpec:
 
 
 JOB_SPECS: Dict[str, JobSpec] = {
-    "resolve": JobSpec(ResolveJob, "sglang_hydra.jobs.resolve:run", {"format": ("yaml", "json", "argv")}),
+    "resolve": JobSpec(ResolveJob, "sglang_hydra.jobs.resolve:run", {"format": ("yaml", "json", "argv"),
+                                                                      "check": ("none", "engine")}),
     "setup": JobSpec(SetupJob, "sglang_hydra.jobs.setup:run", {"format": ("table", "json")}),
     "replay": JobSpec(ReplayJob, "sglang_hydra.jobs.replay:run", {
         "format": ("table", "json"), "on_bad_line": ("fail", "skip"), "workload": ("trace", "synthetic"),

@@ -36,9 +36,9 @@ MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_first_kv_
 def kv_dtype_name(kv_cache_dtype: str, model_dtype: str = "auto") -> str:
     """Element type name of the KV cache; unsupported choices are setup errors."""
     kv = (kv_cache_dtype or "auto").lower()
-    if kv == "fp4_e2m1":
+    if kv in ("fp4_e2m1", "nvfp4", "fp4_mx_block16", "mxfp8"):  # block-scaled types of the reference
         raise setup_error("kv_cache_dtype",
-                          "fp4_e2m1 KV caches need the FP4 pool (packed values plus scales), which "
+                          f"{kv} KV caches need a block-scaled pool (packed values plus scales), which "
                           "this build does not implement; use auto, bf16, fp8_e4m3 or fp8_e5m2")
     if kv not in _KV_DTYPES:
         raise setup_error("kv_cache_dtype", f"unknown KV cache dtype {kv_cache_dtype!r}")

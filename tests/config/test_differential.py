@@ -33,8 +33,8 @@ from reference_shapes import make_shapes, same_value, write_model_dir  # noqa: E
 
 REFERENCE_PYTHON = os.environ.get("SGLANG_HYDRA_REFERENCE_PYTHON")
 ORACLE = Path(__file__).resolve().parents[2] / "scripts" / "reference_oracle.py"
-pytestmark = pytest.mark.skipif(
-    not REFERENCE_PYTHON, reason="set SGLANG_HYDRA_REFERENCE_PYTHON to a venv with sglang 0.5.23 (docs/differential.md)")
+pytestmark = [pytest.mark.reference, pytest.mark.skipif(
+    not REFERENCE_PYTHON, reason="set SGLANG_HYDRA_REFERENCE_PYTHON to a venv with sglang 0.5.23 (docs/differential.md)")]
 
 COMPARED = [f for f, ns in namespace_of(ServerArgs).items()
             if ns in ("memory", "disagg") and not FIELDS[f].arg.no_cli]
@@ -103,3 +103,85 @@ def test_resolution_matches_reference(tmp_path):
     assert not disagreements, f"{len(disagreements)} disagreements:\n" + "\n".join(disagreements[:30])
     # The shapes must exercise both outcomes, or the comparison says little.
     assert tally["both resolve"] > count // 4 and tally["both fail"] > count // 10
+
+
+# --------------------------------------------------------------------------- every flag
+def _flag_lines(count: int, seed: int, per_line: int = 40):
+    """Seeded command lines that together use every flag of every namespace, many times."""
+    import random
+    from sglang_hydra.config.legacy import cli_fields
+    from surface_values import sample
+
+    rng = random.Random(seed)
+    pool = [fi for fi in cli_fields() if fi.name != "model_path"]
+    order: list = []
+    lines = []
+    for _ in range(count):
+        picked, argv = set(), []
+        while len(picked) < per_line:
+            if not order:
+                order = pool[:]
+                rng.shuffle(order)
+            fi = order.pop()
+            if fi.name in picked:
+                continue
+            picked.add(fi.name)
+            got = sample(fi, rng)
+            if got is not None:
+                argv += got[1]
+        lines.append(argv)
+    return lines
+
+
+def test_every_flag_parses_and_exports_like_reference(tmp_path):
+    """Seeded command lines over all flags: our parse, our exported argv and the reference's
+    parse of both agree on every field of the record."""
+    from sglang_hydra.config.compose import build_command, compose_values
+    from sglang_hydra.config.legacy import to_argv
+
+    count = int(os.environ.get("SGLANG_HYDRA_DIFF_LINES", "200"))
+    seed = int(os.environ.get("SGLANG_HYDRA_DIFF_SEED", "0"))
+    model = write_model_dir(tmp_path / "model")
+    lines = [["--model-path", model] + argv for argv in _flag_lines(count, seed)]
+    defaults = {n: fi.default_value() for n, fi in FIELDS.items()}
+    ours, exported = [], []
+    for argv in lines:
+        cmd, _ = build_command(argv=argv)
+        assert not cmd.problems, f"{argv}\n{cmd.problems}"
+        values = compose_values(cmd).values
+        ours.append(values)
+        exported.append(to_argv(values, defaults))
+    shapes = [{"argv": a, "env": {}, "mode": "parse"} for a in lines + exported]
+    reference = run_reference(shapes)
+    compared = [n for n, fi in FIELDS.items() if not fi.arg.no_cli and not fi.arg.hydra_only]
+    disagreements = []
+    for i, values in enumerate(ours):
+        for label, ref in (("given", reference[i]), ("exported", reference[len(lines) + i])):
+            argv = lines[i] if label == "given" else exported[i]
+            if not ref["ok"]:
+                disagreements.append(f"line {i} ({label}): reference rejects it: {ref['error']}\n  {argv}")
+                continue
+            for n in compared:
+                if not same_value(values[n], ref["values"].get(n)):
+                    disagreements.append(f"line {i} ({label}) {n}: ours {values[n]!r}, ref {ref['values'].get(n)!r}")
+    flags_used = sum(len(a) for a in lines)
+    print(f"{count} lines (seed {seed}), {flags_used} tokens, {len(compared)} fields compared per parse: "
+          f"{len(disagreements)} disagreements")
+    assert not disagreements, f"{len(disagreements)} disagreements:\n" + "\n".join(disagreements[:40])
+
+
+def test_check_engine_with_the_real_engine():
+    """job.check=engine: the real SGLang accepts a plain record, rejects one its own rules
+    refuse (EAGLE tree drafts need page size 1 on the CPU attention backend), and its
+    memory/disagg fields match ours (no drift lines)."""
+    from sglang_hydra.config.engine_check import check_with_engine
+
+    problems, notes = check_with_engine(compose_record(argv=["--tp", "2"]), REFERENCE_PYTHON)
+    assert problems == [], problems
+    assert not [n for n in notes if n.startswith("version drift")], notes
+    assert any("accepts this configuration" in n for n in notes)
+    rec = compose_record(argv=["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "4",
+                               "--speculative-num-draft-tokens", "8", "--page-size", "16",
+                               "--attention-backend", "torch_native"])
+    problems, _ = check_with_engine(rec, REFERENCE_PYTHON, drift_check=False)
+    assert len(problems) == 1 and "SGLang 0.5.23 rejects this configuration" in problems[0].message, problems

@@ -1,13 +1,17 @@
 """One dataclass per namespace; the class *is* the namespace.
 
-To add a namespace: write ``fields/<name>.py`` with one dataclass and list it in
-``NAMESPACES`` below.  To add a field: add one line to its class.  Nothing else changes:
-the record, the Hydra schema, the legacy flags and ``--help`` are generated.
+Every field of the reference engine's record comes from the bundled schema snapshot
+(``schema_snapshot.build_namespace``); a namespace module declares by hand only the fields
+that carry rules, bounds or this project's own defaults (``memory`` and ``disagg`` are
+written out in full).  The record, the Hydra schema, the legacy flags and ``--help`` are
+generated from these classes.
 """
 from __future__ import annotations
 
 from .device import Device
 from .execution import Exec
+from .lora import Lora
+from .observability import Observability
 from .mm import Mm
 from .disagg import Disagg
 from .memory import Memory
@@ -29,6 +33,8 @@ NAMESPACES = {
     "schedule": Schedule,
     "serving": Serving,
     "mm": Mm,
+    "lora": Lora,
+    "observability": Observability,
 }
 
-__all__ = ["NAMESPACES", "Device", "Exec", "Mm", "Disagg", "Memory", "Model", "Parallel", "Schedule", "Serving", "Spec"]
+__all__ = ["NAMESPACES", "Device", "Exec", "Lora", "Observability", "Mm", "Disagg", "Memory", "Model", "Parallel", "Schedule", "Serving", "Spec"]

@@ -8,23 +8,20 @@ legacy flag because the reference engine has none.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
+from ..schema_snapshot import build_namespace
 from ..spec import arg
 
 
-@dataclass
-class Model:
+class _ModelRules:
     model_path: str = arg(
         "tiny", "Checkpoint directory (its config.json supplies the KV geometry) or a preset name.",
-        aliases=("--model",))
+        )
     kv_cache_dtype: str = arg(
-        "auto", "Element type of the KV cache; 'auto' follows --dtype.",
-        choices=("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1"), resolvable=True)
+        "auto", "Element type of the KV cache; 'auto' follows --dtype.", resolvable=True)
     dtype: str = arg(
-        "auto", "Activation and weight type; 'auto' means bfloat16 here.",
-        choices=("auto", "half", "float16", "bfloat16", "float", "float32"))
+        "auto", "Activation and weight type; 'auto' means bfloat16 here.")
     context_length: Optional[int] = arg(
         None, "Longest sequence a request may reach; unset: the model's own limit.", ge=1)
     is_embedding: bool = arg(False, "Serve an embedding model (no decoding).")
@@ -57,3 +54,7 @@ class Model:
                                      hydra_only=True, ge=1)
     num_attention_heads: Optional[int] = arg(4, "Query heads of the whole model (config.json "
                                              "num_attention_heads).", hydra_only=True, ge=1)
+
+
+# Every reference field of the namespace; the class above names those with rules or our own defaults.
+Model = build_namespace("model", _ModelRules)

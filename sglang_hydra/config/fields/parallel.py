@@ -1,24 +1,22 @@
-"""``parallel``: how the model is split over devices; the KV pool holds one rank's share."""
+"""``parallel``: how the model is split over devices; the KV pool holds one rank's share.
+
+Flags and aliases (``--tp``/``--tensor-parallel-size`` ...) come from the reference schema."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
+from ..schema_snapshot import build_namespace
 from ..spec import arg
 
 
-@dataclass
-class Parallel:
-    tp_size: int = arg(1, "Tensor parallel degree.", aliases=("--tensor-parallel-size",), ge=1)
-    pp_size: int = arg(1, "Pipeline parallel degree.", aliases=("--pipeline-parallel-size",), ge=1)
-    dp_size: int = arg(1, "Data parallel degree.", aliases=("--data-parallel-size",), ge=1)
-    attn_dp_size: int = arg(1, "Data parallel degree of attention.",
-                            aliases=("--attention-data-parallel-size",), ge=1)
-    attn_cp_size: int = arg(1, "Context parallel degree of attention.",
-                            aliases=("--attention-context-parallel-size",), ge=1)
-    dcp_size: int = arg(1, "Decode context parallel degree.",
-                        aliases=("--decode-context-parallel-size",), ge=1)
-    ep_size: int = arg(1, "Expert parallel degree.", aliases=("--expert-parallel-size", "--ep"), ge=1)
+class _ParallelRules:
+    tp_size: int = arg(1, "Tensor parallel degree.", ge=1)
+    pp_size: int = arg(1, "Pipeline parallel degree.", ge=1)
+    dp_size: int = arg(1, "Data parallel degree.", ge=1)
+    attn_dp_size: int = arg(1, "Data parallel degree of attention.", ge=1)
+    attn_cp_size: int = arg(1, "Context parallel degree of attention.", ge=1)
+    dcp_size: int = arg(1, "Decode context parallel degree.", ge=1)
+    ep_size: int = arg(1, "Expert parallel degree.", ge=1)
     enable_dp_attention: bool = arg(
         False, "Deprecated spelling of attention data parallelism; always folded into "
         "--attn-dp-size during resolution.", no_cli=True)
@@ -28,6 +26,7 @@ class Parallel:
     dist_init_addr: Optional[str] = arg(None, "Address for distributed initialisation.")
     enable_prefill_cp: bool = arg(False, "Context parallelism for prefill.")
     enable_kv_cache_sharding: bool = arg(False, "Shard the KV cache over prefill ranks.")
-    moe_a2a_backend: str = arg("none", "MoE all-to-all backend.",
-                               choices=("none", "deepep", "mooncake", "mori", "ascend_fuseep", "flashinfer"))
-    ep_join_mode: Optional[str] = arg(None, "Elastic EP join mode.", choices=("scale", "recover"))
+
+
+# Every reference field of the namespace; the class above names those with rules or our own defaults.
+Parallel = build_namespace("parallel", _ParallelRules)

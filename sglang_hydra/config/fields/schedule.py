@@ -1,14 +1,13 @@
 """``schedule``: how many tokens and requests the device pool holds, and in what pages."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
+from ..schema_snapshot import build_namespace
 from ..spec import arg
 
 
-@dataclass
-class Schedule:
+class _ScheduleRules:
     page_size: Optional[int] = arg(
         None, "Tokens per KV page, the unit of allocation, matching and eviction. Unset: 1.",
         resolvable=True, ge=1)
@@ -34,3 +33,7 @@ class Schedule:
     _swa_full_tokens_ratio_explicitly_set: Optional[bool] = arg(
         None, "Whether the sliding-window ratio was given explicitly.", no_cli=True)
     swa_prefix_tails: Optional[int] = arg(None, "Sliding-window prefix tails kept per request.")
+
+
+# Every reference field of the namespace; the class above names those with rules or our own defaults.
+Schedule = build_namespace("schedule", _ScheduleRules)
