@@ -81,8 +81,7 @@ def _version() -> str:
         from importlib.metadata import version
         return version("sglang-hydra")
     except Exception:  # not installed as a distribution (e.g. run from a source tree)
-        from . import __version__
-        return __version__
+        return "unknown (not installed as a distribution)"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
