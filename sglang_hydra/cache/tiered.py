@@ -378,9 +378,13 @@ class TieredCache(RadixTree):
                 return 0
         handles = self.mover.backup(todo)
         written = 0
+        dups = self._duplicates if self.is_write_back else None
         for n, h in zip(todo, handles):
-            self._set_host(n, h)
+            n.host = h                  # on device too
             written += n.weight
+            if dups is not None:
+                dups.add(n)
+        self.host_used += written
         self.counts["host_written_pages"] += written
         if self.has_storage:
             self._write_storage(todo)
@@ -434,7 +438,9 @@ class TieredCache(RadixTree):
         on_evict = self.policy.on_evict if self.policy.wants_evict_hook else None
         backup_on_evict = self.is_write_back and self.hierarchical
         free_device = mover.free_device
-        plain_drops = plain_dropped = 0
+        plain_drops = plain_dropped = demoted = 0
+        dups = self._duplicates if self.is_write_back else None
+        host_heap = self._host_heap
         held = []
         freed = 0
         while freed < num_pages and heap:
@@ -450,12 +456,18 @@ class TieredCache(RadixTree):
             w = node.weight
             if node.host is None and backup_on_evict:
                 self._backup([node])
-            if node.host is not None:
-                mover.free_device(node.device)
-                self._set_device(node, None)
-                counts["device_demoted_pages"] += w
+            if node.host is not None:           # demote: the host copy stays
+                free_device(node.device)
+                node.device = None
+                node.heap_seq = -1
+                parent.device_children -= 1
+                demoted += w
+                if dups is not None:
+                    dups.discard(node)
                 if not node.children:
-                    self._push_host(node)
+                    self._seq += 1
+                    node.host_heap_seq = self._seq
+                    heappush(host_heap, (key_of(node), self._seq, node))
             elif not node.children:             # plain drop, the single-tier case: kept short
                 free_device(node.device)
                 node.device = None
@@ -476,7 +488,8 @@ class TieredCache(RadixTree):
                 heappush(heap, (key_of(parent), self._seq, parent))
         for entry in held:
             heappush(heap, entry)
-        self.device_used -= plain_dropped
+        self.device_used -= plain_dropped + demoted
+        counts["device_demoted_pages"] += demoted
         self.evicted_nodes += plain_drops
         counts["device_dropped_pages"] += plain_dropped
         counts["device_evicted_pages"] += freed
@@ -507,6 +520,9 @@ class TieredCache(RadixTree):
                     self._set_host(n, None)
         heap = self._host_heap
         held = []
+        on_evict = self.policy.on_evict if self.policy.wants_evict_hook else None
+        free_host = mover.free_host
+        evicted = nodes = 0
         while freed < num_pages and heap:
             entry = heappop(heap)
             node = entry[2]
@@ -517,15 +533,27 @@ class TieredCache(RadixTree):
                 held.append(entry)
                 continue
             parent = node.parent
-            mover.free_host(node.host)
-            freed += node.weight
-            counts["host_evicted_pages"] += node.weight
-            self._set_host(node, None)
-            self._unlink(node)
-            if self._is_host_leaf(parent):
-                self._push_host(parent)
+            free_host(node.host)
+            w = node.weight
+            freed += w
+            evicted += w
+            nodes += 1
+            node.host = None           # host-only node: not a duplicate
+            node.host_heap_seq = -1
+            del parent.children[node.key]
+            node.parent = None
+            if on_evict is not None:
+                on_evict(node)
+            if (parent.device is None and parent.host is not None and not parent.children
+                    and not parent.lock_ref and parent.parent is not None):
+                self._seq += 1
+                parent.host_heap_seq = self._seq
+                heappush(heap, (key_of(parent), self._seq, parent))
         for entry in held:
             heappush(heap, entry)
+        self.host_used -= evicted
+        self.evicted_nodes += nodes
+        counts["host_evicted_pages"] += evicted
         return freed
 
     # ------------------------------------------------------------------ prefetch
@@ -808,16 +836,19 @@ class TieredCache(RadixTree):
                 self._raise_priority(end, priority)
             if self.policy.wants_touch:
                 self._touch(keys, adm.hit_pages, clock, end)
-            if self.hierarchical:
-                chain = []
+            if self.hierarchical and not self.is_write_back:
+                # reference _inc_hit_count_and_check on every node of the request on the
+                # device; the deepest one due for a backup is backed up with its ancestors
+                threshold = self.backup_threshold
+                buffer_only = self.buffer_only
+                flagged = None
                 node = end
                 while node is not root:
-                    chain.append(node)
+                    node.backup_hits += 1
+                    if (flagged is None and node.backup_hits >= threshold
+                            and not (node.stored if buffer_only else node.host is not None)):
+                        flagged = node
                     node = node.parent
-                flagged = None
-                for n in reversed(chain):
-                    if self._count_backup_hit(n):
-                        flagged = n
                 if flagged is not None:
                     self._backup_chain(flagged)
         for n in locked:
