@@ -551,7 +551,13 @@ class MooncakeStore(StorageBackend):
                 pass
 
     def clear(self) -> None:
-        """Remove every object with this backend's prefix and rank suffix."""
+        """Remove every object with this backend's prefix and rank suffix.
+
+        Refused without a prefix (no model name and no backend tag): the pattern would then
+        match every object with the rank suffix, other models' and other users' included."""
+        if not self.prefix:
+            raise StorageError("refusing to clear the Mooncake store without a key prefix: set a model name "
+                               "or extra_backend_tag so clear() only removes this deployment's pages")
         if self._closed:
             return
         pat = "^" + re.escape(self.prefix) + ".*" + re.escape(self.suffix) + "$"

@@ -172,7 +172,7 @@ def test_unwritable_dir(tmp_path):
     blocker.write_text("x")
     with pytest.warns(RuntimeWarning):
         fs = FileStorage(StorageConfig(extra_config={"file_storage_path": str(blocker / "sub")}))
-    assert not fs.set("k", torch.zeros(4, dtype=torch.uint8))
+    assert not fs.set("ab" * 32, torch.zeros(4, dtype=torch.uint8))
 
 
 def test_registry_errors():
