@@ -517,6 +517,15 @@ def register_storage_backend(name: str, factory: Callable[[StorageConfig], Stora
     _REGISTRY[name] = factory
 
 
+def register_storage_backend_by_name(name: str, module: str, class_name: str) -> None:
+    """Register a backend class that lives in ``module`` without importing it now."""
+    def factory(config: StorageConfig) -> StorageBackend:
+        return getattr(importlib.import_module(module), class_name)(config)
+
+    factory.__qualname__ = f"{module}.{class_name}"
+    register_storage_backend(name, factory)
+
+
 def storage_backend_names() -> List[str]:
     return sorted(set(_REGISTRY) | set(_UNAVAILABLE) | {"dynamic"})
 
@@ -552,5 +561,7 @@ def create_storage_backend(name: str, config: Optional[StorageConfig] = None) ->
 
 register_storage_backend("file", FileStorage)
 register_storage_backend("sim", SimStorage)
-# Mooncake Store (storage_mooncake.py); imported lazily, fails with an install hint if absent
-register_storage_backend("mooncake", lambda cfg: importlib.import_module(".storage_mooncake", __package__).MooncakeStore(cfg))
+# Backends in modules of their own are named here and imported only when asked for (the
+# module imports this one, never the reverse), so a missing optional package fails with its
+# install hint at creation, not at import.
+register_storage_backend_by_name("mooncake", "sglang_hydra.cache.storage_mooncake", "MooncakeStore")
