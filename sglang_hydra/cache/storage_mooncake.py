@@ -63,7 +63,7 @@ import torch
 
 from .storage import StorageBackend, StorageConfig, StorageError, parse_size
 
-__all__ = ["MooncakeStore", "MooncakeStoreSettings", "MooncakeMaster", "INSTALL_HINT",
+__all__ = ["MooncakeStore", "MooncakeStoreSettings", "INSTALL_HINT",
            "mooncake_store_available", "master_binary"]
 
 INSTALL_HINT = ("the 'mooncake' storage backend needs the Mooncake Store client from the Mooncake wheel: "
