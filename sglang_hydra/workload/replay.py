@@ -74,7 +74,7 @@ class ReplayResult:
     ttft_ms_p90: float
     ttft_ms_p99: float
     wall_time_s: float
-    lookups_per_s: float
+    page_lookups_per_s: float
     per_request_hit_pages: Optional[List[int]] = field(default=None, repr=False)
 
     def to_dict(self, *, include_per_request: bool = False) -> Dict[str, Any]:
@@ -252,6 +252,6 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
         ttft_ms_p90=p90 * ms,
         ttft_ms_p99=p99 * ms,
         wall_time_s=wall,
-        lookups_per_s=lookup_pages / wall if wall > 0 else 0.0,
+        page_lookups_per_s=lookup_pages / wall if wall > 0 else 0.0,
         per_request_hit_pages=hits if keep_per_request else None,
     )
