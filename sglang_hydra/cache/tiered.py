@@ -597,11 +597,14 @@ class TieredCache(RadixTree):
         u = lo
         end = start + count
         p = start
+        append = out.append
         while p < end:
-            a = p - starts[u]
-            b = min(end, starts[u + 1]) - starts[u]
-            out.append((u, a, b - a))
-            p += b - a
+            first = starts[u]
+            stop = starts[u + 1]
+            if stop > end:
+                stop = end
+            append((u, p - first, stop - p))
+            p = stop
             u += 1
         return out
 
