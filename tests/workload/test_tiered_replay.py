@@ -153,3 +153,12 @@ def test_sim_mode_never_reads_the_wall_clock_for_results(monkeypatch):
     for k in ("wall_time_s", "page_lookups_per_s"):
         da.pop(k), db.pop(k)
     assert da == db
+
+
+def test_unbounded_device_and_disabled_cache(conversation):
+    inf = tiered_replay(_rec(page_size=512, max_total_tokens=None), conversation)
+    assert inf.device_pages is None and inf.hit_pages["device"] == 105_710     # replay_rules §5 infinite
+    off = tiered_replay(_rec(page_size=512, max_total_tokens=512_000, disable_radix_cache=True),
+                        conversation[:100])
+    assert sum(off.hit_pages.values()) == 0
+    assert off.uncached_tokens == [r.input_length for r in conversation[:100]]
