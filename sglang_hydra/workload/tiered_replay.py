@@ -26,7 +26,8 @@ from typing import Any, Dict, Iterable, List, Optional
 from ..cache.movers import CountingMover
 from ..cache.policies import get_policy_info, make_policy
 from ..cache.radix import block_page_keys, block_page_weights
-from ..cache.tiered import DEFAULT_RETRY_MAX_ATTEMPTS, DEFAULT_RETRY_POLL_INTERVAL, TieredCache
+from ..cache.tiered import (DEFAULT_RETRY_MAX_ATTEMPTS, DEFAULT_RETRY_POLL_INTERVAL, UNBOUNDED_PAGES,
+                            TieredCache)
 from .metrics import nearest_rank
 from .trace import BLOCK_SIZE, Request
 
@@ -34,8 +35,6 @@ __all__ = ["TieredReplayResult", "tiered_replay", "MOVERS", "TIER_COUNT_KEYS", "
            "sim_host_pages", "UNBOUNDED_PAGES"]
 
 MOVERS = ("count", "bytes")
-#: a device tier with no capacity limit (``max_total_tokens`` unset)
-UNBOUNDED_PAGES = 1 << 62
 #: the per-tier page counts both movers must agree on
 TIER_COUNT_KEYS = (
     "device_hit_pages", "host_hit_pages", "storage_hit_pages", "miss_pages",
