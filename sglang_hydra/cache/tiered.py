@@ -448,8 +448,9 @@ class TieredCache(RadixTree):
         while freed < num_pages and heap:
             entry = heappop(heap)
             node = entry[2]
-            if (node.heap_seq != entry[1] or node.device is None or node.device_children
-                    or node.parent is None):
+            # an entry is current while its seq is the node's: freeing the device copy resets
+            # heap_seq, so only "has a device child now" is left to check
+            if node.heap_seq != entry[1] or node.device_children:
                 continue
             if node.lock_ref:
                 held.append(entry)
@@ -528,8 +529,9 @@ class TieredCache(RadixTree):
         while freed < num_pages and heap:
             entry = heappop(heap)
             node = entry[2]
-            if (node.host_heap_seq != entry[1] or node.host is None or node.device is not None
-                    or node.children or node.parent is None):
+            # current while its seq is the node's: freeing the host copy or loading the node
+            # to the device resets host_heap_seq; only "has a child now" is left to check
+            if node.host_heap_seq != entry[1] or node.children:
                 continue
             if node.lock_ref:
                 held.append(entry)
