@@ -21,6 +21,8 @@ def test_the_full_trace_ships_with_the_package():
 
 @pytest.fixture(scope="module")
 def trace():
+    # a missing trace is a failure, never a silent skip
+    assert TRACE.exists(), f"the conversation trace is needed at {TRACE}"
     return load_trace(TRACE)
 
 
