@@ -33,7 +33,7 @@ def test_pd_resolve_prints_both_records_and_the_router(tmp_path):
     r = run("deploy=pd", "prefill.parallel.tp_size=2", "job=resolve", "job.format=argv", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
-        "prefill: --model-path tiny --disaggregation-mode prefill --tp-size 2",
+        "prefill: --model-path tiny --tp-size 2 --disaggregation-mode prefill",   # record (reference) order
         "decode: --model-path tiny --disaggregation-mode decode --port 30001",
         "router: --pd-disaggregation --prefill http://127.0.0.1:30000 8998 --decode http://127.0.0.1:30001 "
         "--host 127.0.0.1 --port 8000 --prometheus-host 127.0.0.1 --prometheus-port 29000",
