@@ -7,7 +7,7 @@ import pytest
 
 from sglang_hydra.disagg.bootstrap import (BootstrapError, BootstrapServer, check_health, fetch_rank,
                                           fetch_server_info, register_rank, request_with_retries)
-from sglang_hydra.disagg.pd import free_port
+from sglang_hydra.utils.ports import free_port
 
 Q = "prefill_dp_rank={}&prefill_cp_rank={}&target_tp_rank={}&target_pp_rank={}"
 
