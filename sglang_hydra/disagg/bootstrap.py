@@ -121,10 +121,12 @@ class _Handler(BaseHTTPRequestHandler):
             return self._reply(411, "Content-Length required")
         try:
             n = int(raw)
+            if n < 0:
+                raise ValueError(raw)
         except ValueError:
             self.close_connection = True
             return self._reply(400, "Invalid Content-Length")
-        if n < 0 or n > MAX_BODY_BYTES:
+        if n > MAX_BODY_BYTES:
             self.close_connection = True   # the body is not read: the connection cannot be reused
             return self._reply(413, f"Request body larger than {MAX_BODY_BYTES} bytes")
         try:

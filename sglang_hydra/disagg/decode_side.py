@@ -128,13 +128,16 @@ class DecodeKVManager(KVManagerCore):
             if conn is not None:
                 return conn
             kw = self._bootstrap_kw()
-            info = fetch_server_info(addr, **kw)
             try:
+                info = fetch_server_info(addr, **kw)
                 self._check_compatible(addr, info)
+                rank = fetch_rank(addr, 0, 0, self.args.engine_rank, 0, **kw)
             except PeerConfigError as e:
                 self.config_mismatch[addr] = e
                 raise
-            rank = fetch_rank(addr, 0, 0, self.args.engine_rank, 0, **kw)
+            except BootstrapError as e:   # retried already: this prefill is gone for now
+                self.lost_prefills[addr] = f"prefill unreachable: {e}"
+                raise
             sock = self._ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDTIMEO, int(self.env.zmq_send_timeout * 1000))
