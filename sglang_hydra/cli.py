@@ -97,7 +97,11 @@ def _hydra_main(cmd, hydra_flags: List[str]) -> int:
         multirun = str(hc.mode) == "RunMode.MULTIRUN"
         from pathlib import Path
         ctx = JobContext(output_dir=Path(hc.runtime.output_dir), multirun=multirun, overrides=tuple(task_overrides))
-        return run_job(composed.job_name, record, composed.job, ctx)
+        try:
+            return run_job(composed.job_name, record, composed.job, ctx)
+        except ConfigError as err:   # found while running (e.g. an inconsistent PD peer): still exit 2
+            _print_problems(err)
+            raise SystemExit(EXIT_CONFIG)
 
     app = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)
     saved = sys.argv

@@ -480,7 +480,7 @@ class DecodeWorker:
                 self._give_up_on(pending, res, pages_per_request,
                                  "decode run deadline exceeded before the request was issued")
                 deadline = None
-            while pending and len(inflight) < max_inflight:
+            while pending and len(inflight) < max_inflight and not self._prefill_gone(prefill_addr):
                 pages = self.allocator.alloc(pages_per_request)
                 if pages is None:
                     break
@@ -492,6 +492,8 @@ class DecodeWorker:
                 recv.send_metadata(pages)
                 inflight[room] = [recv, pages, ts]
             if pending and not inflight:
+                if self._prefill_gone(prefill_addr):
+                    continue   # the top of the loop fails them with the reason
                 if not self.quarantine:   # nothing will ever be freed: the request cannot fit
                     self._give_up_on(pending, res, pages_per_request,
                                      f"{pages_per_request} KV pages do not fit in this decode's pool")

@@ -37,7 +37,8 @@ def test_pd_pair_with_failed_requests_exits_1(tmp_path):
     r = cli("job=pd_pair", *PAIR, "job.requests=6", "job.timeout=90", f"hydra.run.dir={tmp_path}/run",
             cwd=tmp_path, env={"SGLANG_TEST_DISAGG_FAILURE_PROB": "1.0"}, timeout=150)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "6 request(s) failed" in r.stderr and "injected failure" in r.stderr
+    # prefill fails its side of every request (injected) and ends; decode then finds it gone
+    assert "6 request(s) failed" in r.stderr and "room 1: " in r.stderr
     assert "Traceback" not in r.stderr
 
 
