@@ -70,10 +70,6 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout) first
             self.close_connection = True
 
-    def _delay(self) -> None:
-        if self.server.owner.delay_s > 0:
-            time.sleep(self.server.owner.delay_s)
-
     def _authorised(self) -> bool:
         """With a secret set, every call must carry it; answers 401 and returns False otherwise."""
         secret = self.server.owner.secret
@@ -87,7 +83,6 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def do_GET(self):  # noqa: N802
-        self._delay()
         if not self._authorised():
             return None
         url = urllib.parse.urlparse(self.path)
@@ -109,7 +104,6 @@ class _Handler(BaseHTTPRequestHandler):
         return self._reply(code, body)
 
     def do_PUT(self):  # noqa: N802
-        self._delay()
         if not self._authorised():
             return None
         url = urllib.parse.urlparse(self.path)
@@ -152,17 +146,19 @@ class _Server(ThreadingHTTPServer):
 
 
 class BootstrapServer(BaseKVBootstrapServer):
-    """The registry, served from a daemon thread. ``delay_s`` slows every answer (tests);
-    ``secret``, when set, is required on every call (module docstring)."""
+    """The registry, served from a daemon thread; ``secret``, when set, is required on every call.
 
-    def __init__(self, host: str, port: int, *, delay_s: float = 0.0, secret: Optional[str] = None):
+    ``handler`` is the request handler class (tests pass a slowed-down subclass)."""
+
+    handler_class = _Handler
+
+    def __init__(self, host: str, port: int, *, secret: Optional[str] = None):
         self.host = host
-        self.delay_s = delay_s
         self.secret = secret or None
         self._lock = threading.Lock()
         self._table: Dict[Tuple[int, int, int, int], Dict[str, Any]] = {}
         self._info: Optional[Dict[str, Any]] = None
-        self._httpd = _Server((host, port), _Handler)
+        self._httpd = _Server((host, port), self.handler_class)
         self._httpd.owner = self
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="disagg-bootstrap",

@@ -219,7 +219,7 @@ class PrefillWorker:
     def __init__(self, record, *, host: str = DEFAULT_HOST, bootstrap_port: Optional[int] = None,
                  source: Optional[KVBufferSource] = None, allocator=None,
                  geometry: Optional[KVGeometry] = None, env: Optional[DisaggEnv] = None,
-                 bootstrap_delay_s: float = 0.0, classes: Optional[BackendClasses] = None,
+                 classes: Optional[BackendClasses] = None,
                  is_device: Optional[Callable[[torch.Tensor], bool]] = None):
         name = resolve_backend_name(record.disaggregation_transfer_backend)
         if name == "fake":
@@ -233,8 +233,7 @@ class PrefillWorker:
         from .manager import bootstrap_secret_of
         self.server = None
         if classes.bootstrap_server is not None:
-            self.server = classes.bootstrap_server(host, int(port), delay_s=bootstrap_delay_s,
-                                                   secret=bootstrap_secret_of(record, env))
+            self.server = classes.bootstrap_server(host, int(port), secret=bootstrap_secret_of(record, env))
             port = self.server.port
         self.bootstrap_addr = f"{host}:{port}"
         try:

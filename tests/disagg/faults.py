@@ -9,6 +9,9 @@
 * ``bad_page_rooms`` - decode sends destination pages far outside its registered buffers for
   those rooms, so the engine must refuse the write.
 
+:class:`SlowBootstrap` is a bootstrap server whose every answer takes ``delay_s`` (settable
+while it runs).
+
 Workers take the result as ``classes=`` (``PrefillWorker`` / ``DecodeWorker``); the peer
 processes of ``peer.py`` build theirs from command-line flags.
 """
@@ -18,6 +21,7 @@ import dataclasses
 import time
 from typing import Dict, Iterable, Optional
 
+from sglang_hydra.disagg import bootstrap
 from sglang_hydra.disagg.registry import backend_classes
 
 OUTSIDE = 10_000_000     # page offset that puts a destination far outside any registered buffer
@@ -64,6 +68,22 @@ class DelayedWrites:
         super().abandon_transfer(h)
 
 
+class _SlowHandler(bootstrap._Handler):
+    def handle_one_request(self):
+        delay = getattr(self.server.owner, "delay_s", 0.0)
+        if delay > 0:
+            time.sleep(delay)
+        super().handle_one_request()
+
+
+class SlowBootstrap(bootstrap.BootstrapServer):
+    handler_class = _SlowHandler
+
+    def __init__(self, host: str, port: int, *, delay_s: float = 0.0, **kw):
+        self.delay_s = delay_s
+        super().__init__(host, port, **kw)
+
+
 def _bad_pages_receiver(base: type, rooms: Iterable[int]) -> type:
     bad = frozenset(int(r) for r in rooms)
 
@@ -76,9 +96,11 @@ def _bad_pages_receiver(base: type, rooms: Iterable[int]) -> type:
 
 
 def with_faults(backend: str, *, delay: float = 0.0, slow_rooms: Optional[Dict[int, float]] = None,
-                bad_page_rooms: Iterable[int] = ()):
+                bad_page_rooms: Iterable[int] = (), slow_bootstrap: bool = False):
     """The classes of ``backend`` with the requested faults (a plain copy when none)."""
     classes = backend_classes(backend)
+    if slow_bootstrap:
+        classes = dataclasses.replace(classes, bootstrap_server=SlowBootstrap)
     manager = classes.manager
     prefill = type(f"Faulty{manager.prefill_cls.__name__}", (DelayedWrites, manager.prefill_cls),
                    {"transfer_delay": float(delay), "slow_rooms": dict(slow_rooms or {})})

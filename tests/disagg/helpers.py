@@ -7,13 +7,14 @@ from .faults import with_faults
 
 
 @contextlib.contextmanager
-def serving_prefill(rec, *, delay: float = 0.0, slow_rooms=None, **kw):
+def serving_prefill(rec, *, delay: float = 0.0, slow_rooms=None, slow_bootstrap=False, **kw):
     """A PrefillWorker serving whatever decode asks for on a thread; yields (worker, results).
 
-    ``delay`` / ``slow_rooms``: the test-only write delays of ``faults.with_faults``.
+    ``delay`` / ``slow_rooms`` / ``slow_bootstrap``: the test-only faults of ``faults.with_faults``.
     """
-    if delay or slow_rooms:
-        kw["classes"] = with_faults(rec.disaggregation_transfer_backend, delay=delay, slow_rooms=slow_rooms)
+    if delay or slow_rooms or slow_bootstrap:
+        kw["classes"] = with_faults(rec.disaggregation_transfer_backend, delay=delay, slow_rooms=slow_rooms,
+                                    slow_bootstrap=slow_bootstrap)
     w = PrefillWorker(rec, bootstrap_port=0, **kw)
     stop = threading.Event()
     out = {}

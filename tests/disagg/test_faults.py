@@ -36,7 +36,7 @@ def test_bootstrap_slow(fast_env):
     fast_env.setenv("SGLANG_HYDRA_DISAGG_BOOTSTRAP_HTTP_TIMEOUT", "0.3")
     fast_env.setenv("SGLANG_HYDRA_DISAGG_BOOTSTRAP_RETRIES", "2")
     rec = make_rec("zmq")
-    with serving_prefill(rec) as (p, _), decode_worker(rec) as d:
+    with serving_prefill(rec, slow_bootstrap=True) as (p, _), decode_worker(rec) as d:
         p.server.delay_s = 1.0
         t0 = time.monotonic()
         res = d.fetch(p.bootstrap_addr, [1], 4, timeout=20)

@@ -29,6 +29,8 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from sglang_hydra.utils.envflags import env_flag
+
 from ..addressing import split_batches
 from ..base import BackendClasses, BackendUnavailableError
 from ..bootstrap import BootstrapServer
@@ -93,7 +95,7 @@ class MooncakeEngine:
         os.environ.setdefault("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "8192")
         TransferEngine = import_engine()
         self.engine = TransferEngine()
-        force_tcp = os.environ.get("MC_FORCE_TCP", "").lower() in ("1", "true", "yes")
+        force_tcp = env_flag("MC_FORCE_TCP", False)
         protocol = os.environ.get("MOONCAKE_PROTOCOL") or ("rdma" if has_rdma_devices() and not force_tcp else "tcp")
         device = "" if force_tcp else (self.args.ib_device or "")
         rc = with_deadline(lambda: self.engine.initialize(self.host, "P2PHANDSHAKE", protocol, device),
@@ -108,7 +110,7 @@ class MooncakeEngine:
             raise RuntimeError(f"Mooncake batch_register_memory failed (rc={rc})")
         self.failed_sessions: set = set()
         self.max_batch = self.env.mooncake_max_batch if self.env.mooncake_max_batch > 0 else DEFAULT_MAX_BATCH
-        self.sync_batches = os.environ.get("SGLANG_HYDRA_MOONCAKE_SYNC_BATCH", "").lower() in ("1", "true", "yes")
+        self.sync_batches = env_flag("SGLANG_HYDRA_MOONCAKE_SYNC_BATCH", False)
         self._posted: Dict[str, int] = {}          # session -> entries posted and not final yet
         self._probe_cache: Dict[str, Tuple[float, bool]] = {}
         logger.info("mooncake engine up: protocol=%s session=%s, %d regions registered, batch cap %d, %s",

@@ -92,6 +92,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from sglang_hydra.utils.envflags import env_flag
+
 from ..base import BackendClasses, BackendUnavailableError
 from ..bootstrap import BootstrapServer
 from ..decode_side import CommonKVReceiver, DecodeKVManager
@@ -236,7 +238,7 @@ class NixlAgent:
             elif backend == "UCCL":
                 params.setdefault("num_cpus", str(num_threads))
         self.agent_name = str(uuid.uuid4())
-        self.progress_thread = os.environ.get(PROGRESS_THREAD_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+        self.progress_thread = env_flag(PROGRESS_THREAD_ENV, False)
 
         def create():
             sync = getattr(api, "nixl_thread_sync_t", None)
