@@ -541,7 +541,7 @@ class DecodeWorker:
         self.release_quarantined()
         out = _finish(res, self.allocator, t0, first_send, last_done)
         out.quarantined_pages = sum(len(h.pages) for h in self.quarantine)
-        mismatch = getattr(mgr, "config_mismatch", {}).get(prefill_addr)
+        mismatch: Optional[PeerConfigError] = getattr(mgr, "config_mismatch", {}).get(prefill_addr)
         if mismatch is not None:
             raise mismatch
         return out
