@@ -75,6 +75,13 @@ def run_side(record, job: dict, ctx: JobContext) -> dict:
     problems: List[str] = []
     if res.allocator_error:
         problems.append(f"allocator: {res.allocator_error}")
+    if mode == "decode":   # checks that were on must have covered every transferred request
+        wanted = [("checksum", bool(record.disaggregation_enable_kv_checksum)),
+                  ("verified", bool(job.get("verify", True)) and res.backend != "fake")]
+        for attr, on in wanted:
+            checked = res.check_counts(attr)[1]
+            if on and checked < res.succeeded:
+                problems.append(f"{res.succeeded - checked} transferred request(s) were not checked ({attr})")
     if res.failed or problems:
         _fail(f"job=pd ({mode})", res.failed, res.first_failures(SHOWN_REASONS), problems)
     return metrics
