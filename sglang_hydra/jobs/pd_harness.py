@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sglang_hydra.disagg.pd import DEFAULT_HOST, KVGeometry, SideResult, run_decode, run_prefill
 from sglang_hydra.disagg.registry import resolve_backend_name
+from sglang_hydra.utils.envflags import env_str
 from sglang_hydra.utils.ports import free_port
 from sglang_hydra.utils.procs import stop_processes
 
@@ -114,7 +115,7 @@ def _rebuild_record(values: Dict[str, Any]):
 
 
 def _child_logging(role: str) -> None:
-    level = os.environ.get("SGLANG_HYDRA_DISAGG_LOG_LEVEL", "INFO").upper()
+    level = env_str("SGLANG_HYDRA_DISAGG_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=getattr(logging, level, logging.INFO),
                         format=f"%(asctime)s [{role}] %(name)s %(levelname)s: %(message)s")
 

@@ -29,7 +29,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from sglang_hydra.utils.envflags import env_flag
+from sglang_hydra.utils.envflags import env_flag, env_str
 
 from ..addressing import split_batches
 from ..base import BackendClasses, BackendUnavailableError
@@ -96,7 +96,7 @@ class MooncakeEngine:
         TransferEngine = import_engine()
         self.engine = TransferEngine()
         force_tcp = env_flag("MC_FORCE_TCP", False)
-        protocol = os.environ.get("MOONCAKE_PROTOCOL") or ("rdma" if has_rdma_devices() and not force_tcp else "tcp")
+        protocol = env_str("MOONCAKE_PROTOCOL") or ("rdma" if has_rdma_devices() and not force_tcp else "tcp")
         device = "" if force_tcp else (self.args.ib_device or "")
         rc = with_deadline(lambda: self.engine.initialize(self.host, "P2PHANDSHAKE", protocol, device),
                            self.env.engine_init_timeout, "Mooncake engine initialize", thread_name="mooncake-init")

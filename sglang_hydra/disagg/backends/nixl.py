@@ -92,7 +92,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from sglang_hydra.utils.envflags import env_flag
+from sglang_hydra.utils.envflags import env_flag, env_str
 
 from ..base import BackendClasses, BackendUnavailableError
 from ..bootstrap import BootstrapServer
@@ -162,8 +162,8 @@ def apply_ucx_env_defaults(host: str, ib_device: Optional[str], backend: str = D
 
 
 def backend_params_from_env() -> Tuple[str, Dict[str, str]]:
-    backend = os.environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND") or DEFAULT_BACKEND
-    raw = os.environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS") or "{}"
+    backend = env_str("SGLANG_DISAGGREGATION_NIXL_BACKEND", DEFAULT_BACKEND)
+    raw = env_str("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", "{}")
     try:
         params = json.loads(raw)
     except json.JSONDecodeError as e:
