@@ -67,7 +67,9 @@ def run_side(record, job: dict, ctx: JobContext) -> dict:
         raise _peer_problem(e) from None
     out = res.to_dict()
     path = ctx.write_text(f"{mode}.json", json.dumps(out, indent=2, default=str))
-    print(render_rows(side_rows(res) + [("requests written to", str(path))]))
+    checksum_on = bool(record.disaggregation_enable_kv_checksum)
+    verify_on = mode == "decode" and bool(job.get("verify", True)) and res.backend != "fake"
+    print(render_rows(side_rows(res, checksum=checksum_on, verify=verify_on) + [("requests written to", str(path))]))
     metrics = {k: v for k, v in out.items() if isinstance(v, (int, float, str, bool))}
     metrics.update(succeeded=res.succeeded, failed=res.failed)
     if ctx.multirun:
@@ -76,8 +78,7 @@ def run_side(record, job: dict, ctx: JobContext) -> dict:
     if res.allocator_error:
         problems.append(f"allocator: {res.allocator_error}")
     if mode == "decode":   # checks that were on must have covered every transferred request
-        wanted = [("checksum", bool(record.disaggregation_enable_kv_checksum)),
-                  ("verified", bool(job.get("verify", True)) and res.backend != "fake")]
+        wanted = [("checksum", checksum_on), ("verified", verify_on)]
         for attr, on in wanted:
             checked = res.check_counts(attr)[1]
             if on and checked < res.succeeded:

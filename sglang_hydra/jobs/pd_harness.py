@@ -249,8 +249,8 @@ def _collect(q, procs: Dict[str, Any], results: Dict[str, SideResult], errors: L
 
 
 # ------------------------------------------------------------------------------------ terminal tables
-def side_rows(side: SideResult) -> List[Tuple[str, str]]:
-    """The summary of one side as (label, value) rows."""
+def side_rows(side: SideResult, *, checksum: bool = True, verify: bool = True) -> List[Tuple[str, str]]:
+    """The summary of one side as (label, value) rows; a check that is off says "off", not 0/0."""
     ok = [r for r in side.requests if r.ok]
     lat = [r.latency_s * 1000 for r in ok if r.latency_s is not None]
     moved = sum(r.bytes for r in ok)
@@ -262,7 +262,8 @@ def side_rows(side: SideResult) -> List[Tuple[str, str]]:
         return "n/a" if x is None else format(x, spec)
     return [("role", side.role), ("backend", side.backend), ("requests", str(len(side.requests))),
             ("succeeded", str(side.succeeded)), ("failed", str(side.failed)),
-            ("checksum ok / checked", f"{cs_ok}/{cs_n}"), ("bytes verified ok / checked", f"{v_ok}/{v_n}"),
+            ("checksum ok / checked", f"{cs_ok}/{cs_n}" if checksum else "off"),
+            ("bytes verified ok / checked", f"{v_ok}/{v_n}" if verify else "off"),
             ("P50 / P99 ms", f"{f(percentile(lat, 50), '.2f')} / {f(percentile(lat, 99), '.2f')}"),
             ("throughput GB/s", f(gbps, ".3f")), ("wall s", f"{side.wall_s:.2f}"),
             ("pages in use after", str(side.pages_in_use_after)),

@@ -52,6 +52,8 @@ def test_unchecked_transfers_with_checksums_on_are_a_failure(monkeypatch, tmp_pa
     assert ei.value.code == 1
     assert "3 transferred request(s) were not checked (checksum)" in capsys.readouterr().err
     assert _run(monkeypatch, tmp_path, _side(checksum=None), checksum=False)["failed"] == 0   # checksums off
+    out = capsys.readouterr().out
+    assert "checksum ok / checked           off" in out and "0/0" not in out
 
 
 def test_an_inconsistent_peer_is_a_config_error(monkeypatch, tmp_path):
