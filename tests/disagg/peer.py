@@ -42,7 +42,7 @@ def main() -> None:
 
     rec = make_record(disaggregation_mode=a.role, disaggregation_transfer_backend=a.backend, page_size=16,
                       max_total_tokens=4096, disaggregation_enable_kv_checksum=a.checksum,
-                      disaggregation_bootstrap_secret=a.secret)
+                      disaggregation_bootstrap_secret=a.secret, disaggregation_decode_retraction_backup="none")
     if a.role == "prefill":
         w = PrefillWorker(rec, bootstrap_port=a.bootstrap_port, classes=with_faults(a.backend, delay=a.transfer_delay))
         print("READY " + json.dumps({"bootstrap": w.bootstrap_addr}), flush=True)

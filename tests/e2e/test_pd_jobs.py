@@ -18,8 +18,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER = ROOT / "tests" / "disagg" / "peer.py"
+# no decode retraction backup: its host pool would be sized from the machine's live free memory
+NO_BACKUP = "disagg.disaggregation_decode_retraction_backup=none"
 PAIR = ("model=tiny", "disagg.disaggregation_transfer_backend=zmq", "schedule.max_total_tokens=8192",
-        "schedule.page_size=16")
+        "schedule.page_size=16", NO_BACKUP)
 
 
 def cli(*args, cwd, env=None, timeout=240):
@@ -83,7 +85,8 @@ def _decode_job(tmp_path, backend, prefill, *extra, env=None):
     return subprocess.Popen([sys.executable, "-m", "sglang_hydra", "job=pd", "disagg=decode", "model=tiny",
                              f"disagg.disaggregation_transfer_backend={backend}", "schedule.page_size=16",
                              "schedule.max_total_tokens=4096", f"job.prefill={prefill}", "job.requests=200",
-                             "job.pages_per_request=4", "job.timeout=120", f"hydra.run.dir={tmp_path}/run", *extra],
+                             "job.pages_per_request=4", "job.timeout=120", f"hydra.run.dir={tmp_path}/run", NO_BACKUP,
+                             *extra],
                             cwd=tmp_path, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
