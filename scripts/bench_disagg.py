@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """Benchmark PD KV transfer: 256 MiB moved as requests of 8 and 64 pages, per backend,
-against the same backend moving one contiguous 256 MiB buffer (the ceiling) in the same run.
+against the same backend moving one contiguous 256 MiB buffer (the ceiling) in the same run, and
+against the machine's best raw loopback copy (``scripts/loopback_ceiling.py``: memcpy between two
+processes through shared memory, measured once at start-up with the same total size).
 
     .venv/bin/python scripts/bench_disagg.py                 # all available backends
     .venv/bin/python scripts/bench_disagg.py --backends zmq --repeats 1
@@ -35,8 +37,12 @@ import time
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 from sglang_hydra.config.testing import make_record  # noqa: E402
-from sglang_hydra.disagg.pd import KVGeometry, run_pair  # noqa: E402
+from sglang_hydra.disagg.pd import KVGeometry  # noqa: E402
 from sglang_hydra.disagg.registry import backend_available  # noqa: E402
+from sglang_hydra.jobs.pd_harness import run_pair  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loopback_ceiling import loopback_ceiling  # noqa: E402
 
 MiB = 1 << 20
 # 8 layers x (K, V) x 8 KV heads x 64 dims x bf16, 16-token pages: 16 KiB per buffer, 256 KiB per page
@@ -162,6 +168,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=180)
     ap.add_argument("--markdown", default=None, help="also write the results table to this file")
     ap.add_argument("--engine-micro", action="store_true", help="time the bare Mooncake engine calls instead")
+    ap.add_argument("--no-loopback", action="store_true", help="skip the raw loopback ceiling")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     total = a.total_mib * MiB
@@ -172,6 +179,11 @@ def main() -> int:
     rows = []
     tun = {k: os.environ[k] for k in TUNABLES if k in os.environ}
     print(f"tunables from the environment: {tun or 'none (defaults)'}", flush=True)
+    loop = None if a.no_loopback else loopback_ceiling(total, repeats=max(2, a.repeats))
+    if loop is not None:
+        print(f"loopback ceiling (shared-memory memcpy between processes, {a.total_mib} MiB): {loop['gbps']:.2f} GB/s "
+              f"(best ring {loop['shape']}; runs {loop['runs']})", flush=True)
+    loop_gbps = loop["gbps"] if loop else None
     for backend in [b for b in a.backends.split(",") if b]:
         if not backend_available(VARIANTS.get(backend, (backend,))[0]):
             print(f"skip {backend}: not available here", flush=True)
@@ -188,21 +200,26 @@ def main() -> int:
         for key, rs in runs.items():
             g = statistics.median(r.gbps for r in rs)
             per_run = [round(r.gbps / c.gbps, 2) for r, c in zip(rs, runs["ceiling"])]
-            row = dict(backend=backend, shape="1 x 256 MiB contiguous" if key == "ceiling"
+            row = dict(backend=backend, shape=f"1 x {a.total_mib} MiB contiguous" if key == "ceiling"
                        else f"{rs[0].requests} x {key} pages ({key * page_bytes // MiB} MiB)",
                        gbps=g, gbps_all=[round(r.gbps, 2) for r in rs],
                        p50=statistics.median(r.p50_ms for r in rs), p99=statistics.median(r.p99_ms for r in rs),
-                       ratio=g / ceil_gbps, per_run=per_run, moved=rs[0].bytes_moved)
+                       ratio=g / ceil_gbps, per_run=per_run, moved=rs[0].bytes_moved,
+                       loop=g / loop_gbps if loop_gbps else None)
             rows.append(row)
+            vs_loop = "" if row["loop"] is None else f"  {row['loop']:.2f}x loopback"
             print(f"{backend:13s} {row['shape']:28s} {g:6.2f} GB/s (runs {row['gbps_all']})  "
                   f"P50 {row['p50']:8.2f} ms  P99 {row['p99']:8.2f} ms  {row['ratio']:.2f}x ceiling "
-                  f"(per run {per_run})", flush=True)
+                  f"(per run {per_run}){vs_loop}", flush=True)
     if a.markdown:
-        lines = ["| backend | requests | GB/s (median) | runs | P50 ms | P99 ms | vs ceiling | ratio/run |",
-                 "|---|---|---|---|---|---|---|---|"]
+        lines = ["| backend | requests | GB/s (median) | runs | P50 ms | P99 ms | vs ceiling | ratio/run "
+                 "| vs loopback |", "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
+            lp = "n/a" if r["loop"] is None else f"{r['loop']:.2f}x"
             lines.append(f"| {r['backend']} | {r['shape']} | {r['gbps']:.2f} | {r['gbps_all']} | {r['p50']:.2f} | "
-                         f"{r['p99']:.2f} | {r['ratio']:.2f}x | {r['per_run']} |")
+                         f"{r['p99']:.2f} | {r['ratio']:.2f}x | {r['per_run']} | {lp} |")
+        if loop_gbps:
+            lines.append(f"\nloopback ceiling: {loop_gbps:.2f} GB/s (memcpy between processes via shared memory)")
         with open(a.markdown, "w") as f:
             f.write("\n".join(lines) + "\n")
         print(f"table written to {a.markdown}  ({platform.node()}, {os.cpu_count()} cpus, "

@@ -5,12 +5,14 @@ Layout of the package:
 * :mod:`.states`     ``KVPoll`` and the monotone status table;
 * :mod:`.registry`   backend name -> manager / sender / receiver / bootstrap-server classes;
 * :mod:`.bootstrap`  HTTP registry on ``disaggregation_bootstrap_port`` and its client;
-* :mod:`.control`    ZMQ control messages; :mod:`.common` the shared control plane;
+* :mod:`.control`    ZMQ control messages;
+* :mod:`.manager`    what both roles share (room table, control socket, session);
+* :mod:`.prefill_side` / :mod:`.decode_side`  the sender and receiver roles;
 * :mod:`.addressing` page indices -> byte ranges, contiguous-run merging;
 * :mod:`.checksum`   Adler-32 over page ranges;
 * :mod:`.buffers`    ``KVBufferSource`` protocol, torch buffers, page allocator, memory adapter;
 * :mod:`.backends`   ``mooncake``, ``zmq``, ``fake`` (+ ``nixl`` when installed);
-* :mod:`.pd`         the two process roles and the loopback pair used by the jobs.
+* :mod:`.pd`         the two roles as workers (the two-process harness is ``jobs.pd_harness``).
 """
 from .addressing import build_entries, group_contiguous_runs, split_batches
 from .bootstrap import BootstrapError, BootstrapServer

@@ -1,11 +1,44 @@
-"""Abstract manager / sender / receiver / bootstrap-server interfaces every backend implements."""
+"""Abstract manager / sender / receiver / bootstrap-server interfaces every backend implements,
+and the two names a backend module hands to the registry (:class:`BackendClasses`,
+:class:`BackendUnavailableError`). Backends import from here, never from the registry, so the
+registry -> backend arrow runs one way.
+"""
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from .states import KVPoll
+
+
+class BackendUnavailableError(RuntimeError):
+    """The backend is known but cannot run here (missing package, library or hardware)."""
+
+
+class KVClassType(str, enum.Enum):
+    KVARGS = "kvargs"
+    MANAGER = "manager"
+    SENDER = "sender"
+    RECEIVER = "receiver"
+    BOOTSTRAP_SERVER = "bootstrap_server"
+
+
+@dataclass(frozen=True)
+class BackendClasses:
+    """What one transfer backend consists of (``bootstrap_server`` is None for ``fake``)."""
+    manager: type
+    sender: type
+    receiver: type
+    bootstrap_server: Optional[type] = None
+
+    def get(self, kind: "KVClassType | str"):
+        kind = KVClassType(kind)
+        if kind == KVClassType.KVARGS:
+            from .buffers import KVArgs
+            return KVArgs
+        return getattr(self, kind.value)
 
 
 @dataclass

@@ -3,12 +3,20 @@
 The transfer code only needs, per KV buffer, one contiguous tensor in which page ``p`` is the
 rows ``[p * page_size, (p + 1) * page_size)``. :class:`KVBufferSource` is that protocol;
 :func:`buffers_from_memory` adapts the pools built by ``sglang_hydra.memory`` to it.
+
+KV in GPU memory. A backend that registers device memory itself (``device_memory = True`` on
+its manager: NIXL's VRAM segments) gets the device buffers registered as they are. For the
+others (zmq, Mooncake's non-CUDA build) :func:`kv_args_from_source` registers pinned host
+mirrors instead (:class:`HostStaging`): prefill copies a request's pages device -> host before
+the transfer, decode host -> device after it. ``staging=False`` refuses with an error naming
+the backend that can move GPU memory. Which tensors count as "device" is a predicate the
+caller may replace, so the staging path also runs (and is tested) on a CPU-only machine.
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
 
@@ -102,9 +110,59 @@ class PageAllocator:
             return len(self._used)
 
 
+def on_device(t: torch.Tensor) -> bool:
+    """The default device predicate: anything not in host memory."""
+    return t.device.type != "cpu"
+
+
+def _rows(t: torch.Tensor, item_len: int) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8).view(-1, item_len)
+
+
+class HostStaging:
+    """Pinned host mirrors of device KV buffers, for backends that move host memory only.
+
+    ``to_host(pages)`` copies those pages of every buffer device -> mirror (prefill, before the
+    transfer); ``to_device(pages)`` copies them mirror -> device (decode, after Success).
+    """
+
+    def __init__(self, device_tensors: Sequence[torch.Tensor], item_lens: Sequence[int]):
+        pin = torch.cuda.is_available()
+        self.device_tensors = list(device_tensors)
+        self.item_lens = list(item_lens)
+        self.host_tensors = [torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+                             for t in self.device_tensors]
+        self.pinned = pin
+
+    def _copy(self, pages: Sequence[int], to_host: bool) -> None:
+        if not len(pages):
+            return
+        for dev, host, il in zip(self.device_tensors, self.host_tensors, self.item_lens):
+            d_rows, h_rows = _rows(dev, il), _rows(host, il)
+            h_idx = torch.as_tensor(list(pages), dtype=torch.long)
+            d_idx = h_idx.to(dev.device)
+            if to_host:
+                h_rows[h_idx] = d_rows[d_idx].to("cpu")
+            else:
+                d_rows[d_idx] = h_rows[h_idx].to(dev.device, non_blocking=False)
+        if any(t.is_cuda for t in self.device_tensors):
+            torch.cuda.synchronize()
+
+    def to_host(self, pages: Sequence[int]) -> None:
+        self._copy(pages, to_host=True)
+
+    def to_device(self, pages: Sequence[int]) -> None:
+        self._copy(pages, to_host=False)
+
+
 @dataclass
 class KVArgs:
-    """What a backend needs to know about one side's KV buffers (shared by every backend)."""
+    """What a backend needs to know about one side's KV buffers (shared by every backend).
+
+    ``tensors`` are the registered buffers (what the backend reads or writes); ``source_tensors``
+    are where the KV really lives (the same tensors, or the device buffers behind a
+    :class:`HostStaging`). ``memory_kind`` is ``"host"`` or ``"device"`` (of the registered ones).
+    """
 
     engine_rank: int = 0
     page_size: int = 1
@@ -115,6 +173,10 @@ class KVArgs:
     kv_item_lens: List[int] = field(default_factory=list)
     ib_device: Optional[str] = None
     tensors: List[torch.Tensor] = field(default_factory=list, repr=False)
+    source_tensors: List[torch.Tensor] = field(default_factory=list, repr=False)
+    memory_kind: str = "host"
+    device_index: Optional[int] = None
+    staging: Optional[HostStaging] = field(default=None, repr=False)
 
     def regions(self) -> List[Tuple[int, int]]:
         return list(zip(self.kv_data_ptrs, self.kv_data_lens))
@@ -125,16 +187,41 @@ class KVArgs:
 
 
 def kv_args_from_source(source: KVBufferSource, *, kv_cache_dtype: str = "auto",
-                        engine_rank: int = 0, ib_device: Optional[str] = None) -> KVArgs:
-    """Pointers, byte lengths and per-page byte sizes of every buffer of ``source``."""
+                        engine_rank: int = 0, ib_device: Optional[str] = None, device_memory: bool = False,
+                        backend: str = "this backend", staging: bool = True,
+                        is_device: Callable[[torch.Tensor], bool] = on_device) -> KVArgs:
+    """Pointers, byte lengths and per-page byte sizes of every buffer of ``source``.
+
+    Device buffers are registered as they are when the backend can (``device_memory``), else
+    through pinned host mirrors (``staging``), else refused (module docstring).
+    """
     ps = int(source.page_size)
     args = KVArgs(engine_rank=engine_rank, page_size=ps, kv_cache_dtype=kv_cache_dtype,
                   ib_device=ib_device)
-    for name, t in source.contiguous_buffers():
+    named = list(source.contiguous_buffers())
+    devices = [is_device(t) for _, t in named]
+    if any(devices) and not all(devices):
+        raise ValueError("KV buffers are split between host and device memory; a side must keep all of them "
+                         "in one place")
+    on_dev = bool(named) and all(devices)
+    for name, t in named:
         if not t.is_contiguous():
             raise ValueError(f"KV buffer {name} is not contiguous; it cannot be registered")
-        if t.device.type != "cpu":
-            raise ValueError(f"KV buffer {name} lives on {t.device}; this build moves host memory only")
+    if on_dev:
+        args.source_tensors = [t for _, t in named]
+        args.device_index = named[0][1].device.index if named[0][1].device.type == "cuda" else 0
+        if device_memory:
+            args.memory_kind = "device"
+        elif staging:
+            staged = HostStaging(args.source_tensors, [_row_bytes(n, t, ps) * ps for n, t in named])
+            args.staging = staged
+            named = [(n, h) for (n, _), h in zip(named, staged.host_tensors)]
+        else:
+            raise ValueError(f"the KV buffers live in device memory ({named[0][1].device}), which the "
+                             f"{backend!r} transfer backend cannot register; use "
+                             "disagg.disaggregation_transfer_backend=nixl (NIXL registers GPU memory) or allow "
+                             "staging through pinned host buffers")
+    for name, t in named:
         rows = t.shape[0]
         nbytes = t.numel() * t.element_size()
         if rows % ps:
@@ -147,7 +234,16 @@ def kv_args_from_source(source: KVBufferSource, *, kv_cache_dtype: str = "auto",
         args.tensors.append(t)
     if not args.kv_data_ptrs:
         raise ValueError("the KV buffer source has no buffers")
+    if not args.source_tensors:
+        args.source_tensors = list(args.tensors)
     return args
+
+
+def _row_bytes(name: str, t: torch.Tensor, page_size: int) -> int:
+    rows = t.shape[0]
+    if rows == 0 or rows % page_size:
+        raise ValueError(f"KV buffer {name}: {rows} rows is not a multiple of page_size {page_size}")
+    return t.numel() * t.element_size() // rows
 
 
 class _MemoryAdapter:

@@ -28,8 +28,16 @@ def adler32_pages(tensors: Sequence[torch.Tensor], item_lens: Sequence[int],
     runs = group_contiguous_runs(pages, pages)
     value = 1
     for t, il in zip(tensors, item_lens):
-        if not t.is_contiguous() or t.device.type != "cpu":
-            raise ValueError("checksums need contiguous host tensors")
+        if not t.is_contiguous():
+            raise ValueError("checksums need contiguous tensors")
+        if t.device.type != "cpu":   # KV registered in device memory: digest a host copy of the pages
+            rows = t.reshape(-1).view(torch.uint8).view(-1, il)
+            if pages and (min(pages) < 0 or max(pages) >= rows.shape[0]):
+                raise IndexError(f"pages {min(pages)}..{max(pages)} lie outside the buffer")
+            if pages:
+                idx = torch.as_tensor(list(pages), dtype=torch.long, device=t.device)
+                value = zlib.adler32(rows[idx].cpu().numpy().tobytes(), value)
+            continue
         base = t.data_ptr()
         limit = t.numel() * t.element_size()
         for first, _, n in runs:

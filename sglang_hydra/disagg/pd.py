@@ -1,45 +1,47 @@
-"""The two roles of a prefill/decode pair, as plain functions the jobs call.
+"""The two roles of a prefill/decode pair, as long-lived workers and plain functions.
 
-* :func:`run_prefill` - stand up the bootstrap server and the prefill KV manager, then serve
-  requests: fill each request's pages, wait for decode's destination pages, transfer, free.
-* :func:`run_decode` - look up the prefill through its bootstrap server, register buffers,
-  then for each request allocate pages, send their indices, wait for the terminal state,
-  verify the bytes, free. The pages of a *failed* request whose indices prefill already had
-  are not freed until the receiver says that is safe (prefill acknowledged, or proven gone)
-  or the deferred-release timeout passed: a late one-sided write must never land in pages
-  that a later request owns (see ``common.py``, "Late writes").
-* :func:`run_pair` - both of the above as separate processes on 127.0.0.1 with free ports,
-  summarised as a :class:`PairResult`.
+* :class:`PrefillWorker` / :func:`run_prefill` - stand up the bootstrap server and the prefill KV
+  manager, then serve requests: fill each request's pages, wait for decode's destination pages,
+  transfer, free.
+* :class:`DecodeWorker` / :func:`run_decode` - look up the prefill through its bootstrap server,
+  register buffers, then for each request allocate pages, send their indices, wait for the
+  terminal state, verify the bytes, free. The pages of a *failed* request whose indices prefill
+  already had are not freed until the receiver says that is safe (prefill acknowledged, or is
+  lost) or the deferred-release timeout passed: a late one-sided write must never land in pages
+  that a later request owns (see ``decode_side.py``). Once the prefill is lost (heartbeat) or
+  unreachable, no further request is issued to it: the run ends with those requests failed.
 
-:class:`PrefillWorker` and :class:`DecodeWorker` are the long-lived objects behind the
-functions; tests use them directly to keep one side alive while the other side is killed.
-Request ``i`` of a run has bootstrap room ``room_base + i`` on both sides.
+Tests use the workers directly to keep one side alive while the other is killed; the
+two-process harness the jobs use lives in ``sglang_hydra.jobs.pd_harness``. Request ``i`` of a
+run has bootstrap room ``room_base + i`` on both sides. A worker takes ``classes`` (the
+backend's classes, default: from the registry) and ``is_device`` (which KV tensors count as
+device memory), so tests can substitute either.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-import multiprocessing as mp
-import os
-import queue as queue_mod
-import socket
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from sglang_hydra.utils.envflags import env_flag
+
+from .base import BackendClasses
 from .buffers import (KVBufferSource, PageAllocator, TensorKVBuffers, allocator_for, buffers_from_memory,
-                      kv_args_from_source)
+                      kv_args_from_source, on_device)
+from .decode_side import PeerConfigError
 from .envs import DisaggEnv
 from .registry import backend_classes, resolve_backend_name
 from .states import TERMINAL, KVPoll
 
 logger = logging.getLogger("sglang_hydra.disagg.pd")
 DEFAULT_HOST = "127.0.0.1"
+STAGING_ENV = "SGLANG_HYDRA_DISAGG_HOST_STAGING"
 
 
 # ------------------------------------------------------------------------------------ results
@@ -81,6 +83,14 @@ class SideResult:
     def failed(self) -> int:
         return sum(not r.ok for r in self.requests)
 
+    def check_counts(self, attr: str) -> Tuple[int, int]:
+        """``(passed, checked)`` of ``"checksum"`` or ``"verified"`` over the requests."""
+        checked = [getattr(r, attr) for r in self.requests if getattr(r, attr) is not None]
+        return sum(1 for v in checked if v), len(checked)
+
+    def first_failures(self, n: int = 5) -> List[Tuple[int, str]]:
+        return [(r.room, r.reason or r.status) for r in self.requests if not r.ok][:n]
+
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -89,44 +99,6 @@ class SideResult:
         d = dict(d)
         d["requests"] = [RequestResult(**r) for r in d.get("requests", [])]
         return cls(**d)
-
-
-def _percentile(xs: Sequence[float], q: float) -> Optional[float]:
-    xs = sorted(xs)
-    if not xs:
-        return None
-    k = max(0, min(len(xs) - 1, math.ceil(q / 100.0 * len(xs)) - 1))
-    return xs[k]
-
-
-@dataclass
-class PairResult:
-    backend: str
-    requests: int
-    pages_per_request: int
-    succeeded: int
-    failed: int
-    p50_ms: Optional[float]
-    p99_ms: Optional[float]
-    gbps: Optional[float]
-    pages_moved: int
-    bytes_moved: int
-    checksum_checked: int
-    checksum_mismatches: int
-    failures: List[Tuple[int, str]]
-    prefill: Optional[SideResult]
-    decode: Optional[SideResult]
-    wall_s: float
-    errors: List[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        def f(x, fmt):
-            return "n/a" if x is None else format(x, fmt)
-        return (f"backend={self.backend} requests={self.requests} pages/request={self.pages_per_request} "
-                f"ok={self.succeeded} failed={self.failed} P50={f(self.p50_ms, '.2f')}ms "
-                f"P99={f(self.p99_ms, '.2f')}ms throughput={f(self.gbps, '.3f')}GB/s "
-                f"pages={self.pages_moved} bytes={self.bytes_moved} checksum ok="
-                f"{self.checksum_checked - self.checksum_mismatches}/{self.checksum_checked}")
 
 
 # ------------------------------------------------------------------------------------ KV memory
@@ -167,14 +139,22 @@ def build_kv_source(record, geometry: Optional[KVGeometry] = None) -> Tuple[KVBu
     return buf, buf.make_allocator()
 
 
-def _kv_side(record, source: Optional[KVBufferSource], allocator, geometry: Optional[KVGeometry]):
+def _role_class(classes: BackendClasses, mode: str) -> type:
+    return getattr(classes.manager, f"{mode}_cls", classes.manager)
+
+
+def _kv_side(record, source: Optional[KVBufferSource], allocator, geometry: Optional[KVGeometry],
+             role_cls: type, is_device: Optional[Callable[[torch.Tensor], bool]]):
     """One side's KV buffers, their page allocator and the backend's KVArgs (given or built)."""
     if source is None:
         source, allocator = build_kv_source(record, geometry)
     if allocator is None:
         allocator = PageAllocator(source.contiguous_buffers()[0][1].shape[0] // source.page_size - 1)
     args = kv_args_from_source(source, kv_cache_dtype=str(record.kv_cache_dtype),
-                               ib_device=record.disaggregation_ib_device)
+                               ib_device=record.disaggregation_ib_device,
+                               device_memory=bool(getattr(role_cls, "device_memory", False)),
+                               backend=str(record.disaggregation_transfer_backend),
+                               staging=env_flag(STAGING_ENV, True), is_device=is_device or on_device)
     return source, allocator, args
 
 
@@ -186,19 +166,23 @@ def _pattern(room: int, buf: int, nbytes: int) -> torch.Tensor:
 
 
 def _page_rows(args, b: int) -> torch.Tensor:
-    return args.tensors[b].reshape(-1).view(torch.uint8).view(-1, args.kv_item_lens[b])
+    """Buffer ``b`` where the KV really lives (the device buffer when staged), one row per page."""
+    t = (args.source_tensors or args.tensors)[b]
+    return t.reshape(-1).view(torch.uint8).view(-1, args.kv_item_lens[b])
 
 
 def fill_pages(args, pages: Sequence[int], room: int) -> None:
-    idx = torch.as_tensor(list(pages), dtype=torch.long)
     for b, il in enumerate(args.kv_item_lens):
-        _page_rows(args, b)[idx] = _pattern(room, b, len(pages) * il).view(len(pages), il)
+        rows = _page_rows(args, b)
+        idx = torch.as_tensor(list(pages), dtype=torch.long, device=rows.device)
+        rows[idx] = _pattern(room, b, len(pages) * il).view(len(pages), il).to(rows.device)
 
 
 def check_pages(args, pages: Sequence[int], room: int) -> bool:
-    idx = torch.as_tensor(list(pages), dtype=torch.long)
     for b, il in enumerate(args.kv_item_lens):
-        if not torch.equal(_page_rows(args, b)[idx], _pattern(room, b, len(pages) * il).view(len(pages), il)):
+        rows = _page_rows(args, b)
+        idx = torch.as_tensor(list(pages), dtype=torch.long, device=rows.device)
+        if not torch.equal(rows[idx].cpu(), _pattern(room, b, len(pages) * il).view(len(pages), il)):
             return False
     return True
 
@@ -226,7 +210,8 @@ def _finish(res: "SideResult", allocator, t0: float, first_send, last_done) -> "
 def _registration(args) -> Dict[str, Any]:
     return {"buffers": len(args.kv_data_ptrs), "total_bytes": sum(args.kv_data_lens),
             "item_lens": sorted(set(args.kv_item_lens)), "page_size": args.page_size,
-            "bytes_per_page": sum(args.kv_item_lens)}
+            "bytes_per_page": sum(args.kv_item_lens), "memory": args.memory_kind,
+            "staged": args.staging is not None}
 
 
 # ------------------------------------------------------------------------------------ prefill
@@ -234,17 +219,21 @@ class PrefillWorker:
     def __init__(self, record, *, host: str = DEFAULT_HOST, bootstrap_port: Optional[int] = None,
                  source: Optional[KVBufferSource] = None, allocator=None,
                  geometry: Optional[KVGeometry] = None, env: Optional[DisaggEnv] = None,
-                 bootstrap_delay_s: float = 0.0):
+                 classes: Optional[BackendClasses] = None,
+                 is_device: Optional[Callable[[torch.Tensor], bool]] = None):
         name = resolve_backend_name(record.disaggregation_transfer_backend)
         if name == "fake":
             raise AssertionError("Prefill server does not support 'fake' as the transfer backend")
         self.backend = name
-        classes = backend_classes(name)
-        self.source, self.allocator, self.args = _kv_side(record, source, allocator, geometry)
+        classes = classes or backend_classes(name)
+        self.source, self.allocator, self.args = _kv_side(record, source, allocator, geometry,
+                                                          _role_class(classes, "prefill"), is_device)
         port = record.disaggregation_bootstrap_port if bootstrap_port is None else bootstrap_port
+        env = env or DisaggEnv.from_env()
+        from .manager import bootstrap_secret_of
         self.server = None
         if classes.bootstrap_server is not None:
-            self.server = classes.bootstrap_server(host, int(port), delay_s=bootstrap_delay_s)
+            self.server = classes.bootstrap_server(host, int(port), secret=bootstrap_secret_of(record, env))
             port = self.server.port
         self.bootstrap_addr = f"{host}:{port}"
         try:
@@ -309,6 +298,8 @@ class PrefillWorker:
                 sender.init(npages)
                 if fill:
                     fill_pages(self.args, pages, room)
+                if self.args.staging is not None:   # device KV: the backend reads the pinned host copy
+                    self.args.staging.to_host(pages)
                 inflight[room] = [sender, pages, False, None]
                 last_activity = time.monotonic()
             version = mgr.status.version()
@@ -362,11 +353,13 @@ class _Held:
 
 class DecodeWorker:
     def __init__(self, record, *, host: str = DEFAULT_HOST, source: Optional[KVBufferSource] = None,
-                 allocator=None, geometry: Optional[KVGeometry] = None, env: Optional[DisaggEnv] = None):
+                 allocator=None, geometry: Optional[KVGeometry] = None, env: Optional[DisaggEnv] = None,
+                 classes: Optional[BackendClasses] = None, is_device: Optional[Callable[[torch.Tensor], bool]] = None):
         name = resolve_backend_name(record.disaggregation_transfer_backend)
         self.backend = name
-        self.classes = backend_classes(name)
-        self.source, self.allocator, self.args = _kv_side(record, source, allocator, geometry)
+        self.classes = classes or backend_classes(name)
+        self.source, self.allocator, self.args = _kv_side(record, source, allocator, geometry,
+                                                          _role_class(self.classes, "decode"), is_device)
         self.mgr = self.classes.manager(self.args, "decode", record, host=host, env=env)
         self.fake = name == "fake"
         self.quarantine: List[_Held] = []
@@ -438,11 +431,31 @@ class DecodeWorker:
         return "deferred"
 
     # ---------------------------------------------------------------- fetch
-    def fetch(self, prefill_addr: Optional[str], rooms: Sequence[int], pages_per_request: int, *,
-              max_inflight: int = 8, timeout: Optional[float] = None, verify: bool = True,
-              bad_page_rooms: Sequence[int] = ()) -> SideResult:
-        """Receive ``rooms`` from the prefill at ``prefill_addr`` (``host:bootstrap_port``)."""
+    def _give_up_on(self, pending: deque, res: SideResult, pages_per_request: int, reason: str) -> None:
+        """Fail every request not issued yet with ``reason`` (they never got pages)."""
+        for room in pending:
+            res.requests.append(RequestResult(room=room, status="Failed", pages=pages_per_request, bytes=0,
+                                              reason=reason))
+        pending.clear()
+
+    def _prefill_gone(self, addr: Optional[str]) -> Optional[str]:
+        """Why no more requests should go to ``addr`` (lost, unreachable or misconfigured), or None."""
         mgr = self.mgr
+        mismatch = getattr(mgr, "config_mismatch", {}).get(addr)
+        if mismatch is not None:
+            return str(mismatch)
+        return getattr(mgr, "lost_prefills", {}).get(addr)
+
+    def fetch(self, prefill_addr: Optional[str], rooms: Sequence[int], pages_per_request: int, *,
+              max_inflight: int = 8, timeout: Optional[float] = None, verify: bool = True) -> SideResult:
+        """Receive ``rooms`` from the prefill at ``prefill_addr`` (``host:bootstrap_port``).
+
+        Raises :class:`PeerConfigError` when the prefill is configured inconsistently with this
+        decode (e.g. checksums on one side only): that is not a per-request failure.
+        """
+        mgr = self.mgr
+        if hasattr(mgr, "forget_lost"):
+            mgr.forget_lost(prefill_addr)
         pending = deque(rooms)
         inflight: Dict[int, list] = {}
         res = SideResult("decode", self.backend, dict(self.endpoints(), prefill=prefill_addr),
@@ -450,25 +463,23 @@ class DecodeWorker:
         t0 = time.monotonic()
         deadline = t0 + timeout if timeout else None
         first_send = last_done = None
-        bad = set(bad_page_rooms)
         status_table = getattr(mgr, "status", None)
         while pending or inflight:
             self.release_quarantined()
+            gone = self._prefill_gone(prefill_addr)
+            if gone and pending:
+                logger.error("[decode] %s; not issuing the %d remaining request(s)", gone, len(pending))
+                self._give_up_on(pending, res, pages_per_request, f"not issued: {gone}")
             if deadline is not None and time.monotonic() > deadline:
                 for room, item in inflight.items():
                     if hasattr(mgr, "fail"):
                         mgr.fail(room, "decode run deadline exceeded")
                     else:
                         item[0].abort()
-                if not inflight:   # requests that never got pages
-                    for room in pending:
-                        res.requests.append(RequestResult(room=room, status="Failed", pages=pages_per_request,
-                                                          bytes=0, reason="decode run deadline exceeded while "
-                                                          "waiting for free KV pages"))
-                    pending.clear()
-                    break
+                self._give_up_on(pending, res, pages_per_request,
+                                 "decode run deadline exceeded before the request was issued")
                 deadline = None
-            while pending and len(inflight) < max_inflight:
+            while pending and len(inflight) < max_inflight and not self._prefill_gone(prefill_addr):
                 pages = self.allocator.alloc(pages_per_request)
                 if pages is None:
                     break
@@ -477,18 +488,14 @@ class DecodeWorker:
                 recv.init(0)
                 ts = time.monotonic()
                 first_send = first_send or ts
-                if room in bad:  # test hook: destination pages far outside the registered buffers
-                    recv.send_metadata([p + 10_000_000 for p in pages])
-                else:
-                    recv.send_metadata(pages)
+                recv.send_metadata(pages)
                 inflight[room] = [recv, pages, ts]
             if pending and not inflight:
+                if self._prefill_gone(prefill_addr):
+                    continue   # the top of the loop fails them with the reason
                 if not self.quarantine:   # nothing will ever be freed: the request cannot fit
-                    for room in pending:
-                        res.requests.append(RequestResult(room=room, status="Failed", pages=pages_per_request,
-                                                          bytes=0, reason=f"{pages_per_request} KV pages do not "
-                                                          "fit in this decode's pool"))
-                    pending.clear()
+                    self._give_up_on(pending, res, pages_per_request,
+                                     f"{pages_per_request} KV pages do not fit in this decode's pool")
                     break
                 time.sleep(0.01)   # waiting for quarantined pages to be released
                 continue
@@ -502,6 +509,8 @@ class DecodeWorker:
                 done = time.monotonic()
                 last_done = done
                 ok = st == KVPoll.Success
+                if ok and self.args.staging is not None:   # device KV: bring the received pages home
+                    self.args.staging.to_device(pages)
                 verified = None
                 if ok and verify and not self.fake:
                     verified = check_pages(self.args, pages, room)
@@ -532,6 +541,9 @@ class DecodeWorker:
         self.release_quarantined()
         out = _finish(res, self.allocator, t0, first_send, last_done)
         out.quarantined_pages = sum(len(h.pages) for h in self.quarantine)
+        mismatch: Optional[PeerConfigError] = getattr(mgr, "config_mismatch", {}).get(prefill_addr)
+        if mismatch is not None:
+            raise mismatch
         return out
 
     def close(self) -> None:
@@ -583,166 +595,3 @@ def run_decode(record, *, prefill_addr: Optional[str], requests: int, pages_per_
                        max_inflight=max_inflight, timeout=timeout, verify=verify)
     finally:
         w.close()
-
-
-# ------------------------------------------------------------------------------------ pair
-def free_port(host: str = DEFAULT_HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _rebuild_record(values: Dict[str, Any]):
-    from sglang_hydra.config.record import ServerArgs
-    return ServerArgs(**values)
-
-
-def _child_logging(role: str) -> None:
-    level = os.environ.get("SGLANG_HYDRA_DISAGG_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(level=getattr(logging, level, logging.INFO),
-                        format=f"%(asctime)s [{role}] %(name)s %(levelname)s: %(message)s")
-
-
-def _prefill_entry(values, env, kwargs, q) -> None:
-    os.environ.update(env)
-    _child_logging("prefill")
-    try:
-        record = _rebuild_record(values)
-        res = run_prefill(record, ready=lambda ep: q.put(("ready", "prefill", ep)), **kwargs)
-        q.put(("result", "prefill", res.to_dict()))
-    except BaseException as e:
-        logging.getLogger(__name__).exception("prefill failed")
-        q.put(("error", "prefill", f"{type(e).__name__}: {e}"))
-
-
-def _decode_entry(values, env, kwargs, q) -> None:
-    os.environ.update(env)
-    _child_logging("decode")
-    try:
-        record = _rebuild_record(values)
-        res = run_decode(record, **kwargs)
-        q.put(("result", "decode", res.to_dict()))
-    except BaseException as e:
-        logging.getLogger(__name__).exception("decode failed")
-        q.put(("error", "decode", f"{type(e).__name__}: {e}"))
-
-
-def _kill(proc) -> None:
-    if proc is None:
-        return
-    if proc.is_alive():
-        proc.terminate()
-        proc.join(3)
-    if proc.is_alive():
-        proc.kill()
-        proc.join(3)
-
-
-def summarize(backend: str, requests: int, pages_per_request: int, prefill: Optional[SideResult],
-              decode: Optional[SideResult], wall_s: float, errors: List[str]) -> PairResult:
-    reqs = decode.requests if decode else []
-    ok = [r for r in reqs if r.ok]
-    lat = [r.latency_s * 1000 for r in ok if r.latency_s is not None]
-    moved = sum(r.bytes for r in ok)
-    gbps = moved / decode.transfer_s / 1e9 if decode and decode.transfer_s > 0 and moved else None
-    checked = [r for r in reqs if r.checksum is not None]
-    failures = [(r.room, r.reason or r.status) for r in reqs if not r.ok]
-    if decode is None:
-        failures = [(-1, e) for e in errors]
-    return PairResult(backend=backend, requests=requests, pages_per_request=pages_per_request,
-                      succeeded=len(ok), failed=requests - len(ok), p50_ms=_percentile(lat, 50),
-                      p99_ms=_percentile(lat, 99), gbps=gbps, pages_moved=sum(r.pages for r in ok),
-                      bytes_moved=moved, checksum_checked=len(checked),
-                      checksum_mismatches=sum(1 for r in checked if r.checksum is False),
-                      failures=failures, prefill=prefill, decode=decode, wall_s=wall_s, errors=errors)
-
-
-def run_pair(record, *, requests: int, pages_per_request: int, timeout: float = 120.0,
-             geometry: Optional[KVGeometry] = None, verify: bool = True, max_inflight: int = 8,
-             room_base: int = 1, env: Optional[Dict[str, str]] = None, host: str = DEFAULT_HOST,
-             warmup: int = 0, fill: bool = True) -> PairResult:
-    """Run prefill and decode as two spawned processes on ``host`` with free ports.
-
-    ``warmup`` requests run first and are left out of the numbers; ``fill=False`` skips writing
-    the test pattern on prefill (benchmarks; then pass ``verify=False`` too).
-    """
-    room_base = max(room_base, warmup + 1)
-    backend = resolve_backend_name(record.disaggregation_transfer_backend)
-    values = record.to_dict()
-    env = dict(env or {})
-    if backend == "mooncake" and record.disaggregation_transfer_backend == "mooncake_tcp":
-        env.setdefault("MC_FORCE_TCP", "1")
-    port = free_port(host)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    t0 = time.monotonic()
-    deadline = t0 + timeout
-    errors: List[str] = []
-    results: Dict[str, SideResult] = {}
-    pre = dec = None
-    try:
-        if backend != "fake":
-            pv = dict(values, disaggregation_mode="prefill")
-            pre = ctx.Process(target=_prefill_entry, name="pd-prefill", daemon=True, args=(
-                pv, env, dict(requests=requests, pages_per_request=pages_per_request, host=host,
-                              bootstrap_port=port, room_base=room_base, geometry=geometry,
-                              max_inflight=max(32, 2 * max_inflight), fill=fill, warmup=warmup,
-                              timeout=max(1.0, deadline - time.monotonic() - 2)), q))
-            pre.start()
-            while True:  # wait until the bootstrap server is up before starting decode
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("prefill did not come up before the pair timeout")
-                try:
-                    kind, role, payload = q.get(timeout=min(left, 0.5))
-                except queue_mod.Empty:
-                    if not pre.is_alive():
-                        raise RuntimeError(f"prefill process exited early (exit code {pre.exitcode})")
-                    continue
-                if kind == "ready":
-                    break
-                if kind == "error":
-                    raise RuntimeError(f"prefill failed to start: {payload}")
-        dv = dict(values, disaggregation_mode="decode")
-        dec = ctx.Process(target=_decode_entry, name="pd-decode", daemon=True, args=(
-            dv, env, dict(prefill_addr=f"{host}:{port}" if pre else None, requests=requests,
-                          pages_per_request=pages_per_request, host=host, room_base=room_base,
-                          geometry=geometry, max_inflight=max_inflight, verify=verify, warmup=warmup,
-                          timeout=max(1.0, deadline - time.monotonic() - 2)), q))
-        dec.start()
-        expected = {"decode"} | ({"prefill"} if pre else set())
-        while expected - set(results) - {e.split(":")[0] for e in errors}:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                errors.append("timeout: pair did not finish within %.1fs" % timeout)
-                break
-            try:
-                kind, role, payload = q.get(timeout=min(left, 0.5))
-            except queue_mod.Empty:
-                for name, p in (("prefill", pre), ("decode", dec)):
-                    if p is not None and not p.is_alive() and name not in results and \
-                            not any(e.startswith(name) for e in errors):
-                        try:  # the result may still be in the pipe
-                            kind, role, payload = q.get(timeout=1.0)
-                        except queue_mod.Empty:
-                            errors.append(f"{name}: process exited with code {p.exitcode} without a result")
-                            continue
-                        break
-                else:
-                    continue
-            if kind == "result":
-                results[role] = SideResult.from_dict(payload)
-            elif kind == "error":
-                errors.append(f"{role}: {payload}")
-    except (TimeoutError, RuntimeError) as e:
-        errors.append(str(e))
-    finally:
-        for p in (dec, pre):
-            if p is not None:
-                p.join(timeout=max(0.0, min(5.0, deadline + 5 - time.monotonic())))
-                _kill(p)
-        q.close()
-    res = summarize(backend, requests, pages_per_request, results.get("prefill"), results.get("decode"),
-                    time.monotonic() - t0, errors)
-    logger.info("pd pair: %s", res.summary())
-    return res

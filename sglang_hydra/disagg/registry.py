@@ -1,6 +1,9 @@
 """Backend registry: ``disaggregation_transfer_backend`` -> manager/sender/receiver/bootstrap classes.
 
-Built-in backends are loaded lazily (importing this module never imports Mooncake or NIXL).
+Built-in backends are loaded lazily and by module name (importing this module never imports
+Mooncake or NIXL, and no backend module imports this one): each module under
+``sglang_hydra.disagg.backends`` exposes ``backend_classes()`` (raising
+:class:`BackendUnavailableError` when it cannot run) and ``available()``.
 A plugin registers its own backend with :func:`register_backend`, which also adds the name to
 the config choices; plugins installed as packages can instead expose an entry point in the
 ``sglang_hydra.disagg_backends`` group (loaded by :func:`load_plugins`) whose object is a
@@ -8,47 +11,20 @@ zero-argument callable that calls :func:`register_backend`.
 """
 from __future__ import annotations
 
-import enum
 import importlib
 import logging
 import os
-from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Union
+from typing import Callable, Dict, Union
 
 from sglang_hydra.config.choices import add_disagg_transfer_backend_choices
 
+from .base import BackendClasses, BackendUnavailableError, KVClassType
 from .buffers import KVArgs
 
 logger = logging.getLogger("sglang_hydra.disagg")
 
 # the zmq backend is this project's addition: make it a legal config value
 add_disagg_transfer_backend_choices("zmq")
-
-
-class KVClassType(str, enum.Enum):
-    KVARGS = "kvargs"
-    MANAGER = "manager"
-    SENDER = "sender"
-    RECEIVER = "receiver"
-    BOOTSTRAP_SERVER = "bootstrap_server"
-
-
-class BackendUnavailableError(RuntimeError):
-    """The backend is known but cannot run here (missing package, library or hardware)."""
-
-
-@dataclass(frozen=True)
-class BackendClasses:
-    manager: type
-    sender: type
-    receiver: type
-    bootstrap_server: Optional[type] = None
-
-    def get(self, kind: KVClassType):
-        kind = KVClassType(kind)
-        if kind == KVClassType.KVARGS:
-            return KVArgs
-        return getattr(self, kind.value)
 
 
 Loader = Callable[[], BackendClasses]
@@ -100,14 +76,15 @@ def get_kv_class(backend: str, class_type: Union[KVClassType, str]):
 
 
 def backend_available(name: str) -> bool:
+    """Can ``name`` run here (classes load and, for built-ins, the native library imports)?"""
     try:
         backend_classes(name)
     except BackendUnavailableError:
         return False
-    if resolve_backend_name(name) == "mooncake":
-        from .backends.mooncake import mooncake_available
-        return mooncake_available()
-    return True
+    module = _BUILTIN_MODULES.get(resolve_backend_name(name))
+    if module is None:
+        return True
+    return bool(importlib.import_module(f"sglang_hydra.disagg.backends.{module}").available())
 
 
 def load_plugins(group: str = "sglang_hydra.disagg_backends") -> int:
@@ -119,12 +96,9 @@ def load_plugins(group: str = "sglang_hydra.disagg_backends") -> int:
     return n
 
 
-def _module_loader(module: str, prefix: str, has_bootstrap: bool = True) -> Loader:
+def _module_loader(module: str) -> Loader:
     def load() -> BackendClasses:
-        m = importlib.import_module(f"sglang_hydra.disagg.backends.{module}")
-        return BackendClasses(getattr(m, f"{prefix}KVManager"), getattr(m, f"{prefix}KVSender"),
-                              getattr(m, f"{prefix}KVReceiver"),
-                              getattr(m, f"{prefix}KVBootstrapServer") if has_bootstrap else None)
+        return importlib.import_module(f"sglang_hydra.disagg.backends.{module}").backend_classes()
     return load
 
 
@@ -134,18 +108,11 @@ def _unavailable(message: str) -> Loader:
     return load
 
 
-def _nixl_loader() -> BackendClasses:
-    # imports nixl (nixl._api, else nixl_cu12._api); BackendUnavailableError naming
-    # `pip install --no-deps nixl-cu12==1.5.1 nixl==1.5.1` when neither imports
-    from .backends.nixl import import_nixl_api
-    import_nixl_api()
-    return _module_loader("nixl", "Nixl")()
-
-
-register_backend("mooncake", _module_loader("mooncake", "Mooncake"), extend_choices=False)
-register_backend("zmq", _module_loader("zmq_backend", "Zmq"))
-register_backend("fake", _module_loader("fake", "Fake", has_bootstrap=False), extend_choices=False)
-register_backend("nixl", _nixl_loader, extend_choices=False)
+_BUILTIN_MODULES = {"mooncake": "mooncake", "zmq": "zmq_backend", "fake": "fake", "nixl": "nixl"}
+register_backend("mooncake", _module_loader("mooncake"), extend_choices=False)
+register_backend("zmq", _module_loader("zmq_backend"))
+register_backend("fake", _module_loader("fake"), extend_choices=False)
+register_backend("nixl", _module_loader("nixl"), extend_choices=False)
 register_backend("ascend", _unavailable(
     "the 'ascend' transfer backend needs Huawei Ascend NPUs and the Ascend build of Mooncake "
     "(mooncake with ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE / the CANN toolkit); it cannot run on this "

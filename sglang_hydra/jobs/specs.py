@@ -65,6 +65,7 @@ class PdJob:
     pages_per_request: int = 8
     timeout: float = 120.0
     idle_timeout: float = 30.0
+    verify: bool = True                  # decode: compare the received bytes with the test pattern
 
 
 @dataclass

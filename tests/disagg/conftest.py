@@ -42,8 +42,11 @@ def fast_env(monkeypatch):
 
 def make_rec(backend="zmq", mode="null", checksum=False, **kw):
     from sglang_hydra.config.testing import make_record
+    # no decode retraction backup: its host pool is sized from the machine's live free memory,
+    # which a test must not depend on (the transfer itself never touches it)
     fields = dict(disaggregation_mode=mode, disaggregation_transfer_backend=backend, page_size=16,
-                  max_total_tokens=4096, disaggregation_enable_kv_checksum=checksum)
+                  max_total_tokens=4096, disaggregation_enable_kv_checksum=checksum,
+                  disaggregation_decode_retraction_backup="none")
     fields.update(kw)
     return make_record(**fields)
 

@@ -3,10 +3,18 @@ import threading
 
 from sglang_hydra.disagg.pd import DecodeWorker, PrefillWorker
 
+from .faults import with_faults
+
 
 @contextlib.contextmanager
-def serving_prefill(rec, **kw):
-    """A PrefillWorker serving whatever decode asks for on a thread; yields (worker, results)."""
+def serving_prefill(rec, *, delay: float = 0.0, slow_rooms=None, slow_bootstrap=False, **kw):
+    """A PrefillWorker serving whatever decode asks for on a thread; yields (worker, results).
+
+    ``delay`` / ``slow_rooms`` / ``slow_bootstrap``: the test-only faults of ``faults.with_faults``.
+    """
+    if delay or slow_rooms or slow_bootstrap:
+        kw["classes"] = with_faults(rec.disaggregation_transfer_backend, delay=delay, slow_rooms=slow_rooms,
+                                    slow_bootstrap=slow_bootstrap)
     w = PrefillWorker(rec, bootstrap_port=0, **kw)
     stop = threading.Event()
     out = {}
@@ -22,7 +30,10 @@ def serving_prefill(rec, **kw):
 
 
 @contextlib.contextmanager
-def decode_worker(rec, **kw):
+def decode_worker(rec, *, bad_page_rooms=(), **kw):
+    """A DecodeWorker; ``bad_page_rooms`` send destination pages outside its buffers (faults.py)."""
+    if bad_page_rooms:
+        kw["classes"] = with_faults(rec.disaggregation_transfer_backend, bad_page_rooms=bad_page_rooms)
     d = DecodeWorker(rec, **kw)
     try:
         yield d

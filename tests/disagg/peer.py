@@ -3,7 +3,9 @@
     python tests/disagg/peer.py prefill --backend zmq --bootstrap-port 12345
     python tests/disagg/peer.py decode --backend zmq --prefill 127.0.0.1:12345 --rooms 1,2 --pages 4
 
-It prints ``READY <json>`` once up and (decode) ``RESULT <json>`` when done.
+It prints ``READY <json>`` once up, (prefill) ``META <room>`` when the first request's metadata
+arrived, and (decode) ``RESULT <json>`` when done. This is a test-only entry module: the fault
+injection of ``faults.py`` (``--transfer-delay``) is installed here, never in production code.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import json
 import logging
 import os
 import sys
+import threading
+import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
@@ -27,17 +31,27 @@ def main() -> None:
     ap.add_argument("--checksum", action="store_true")
     ap.add_argument("--idle-timeout", type=float, default=60.0)
     ap.add_argument("--timeout", type=float, default=30.0)
+    ap.add_argument("--transfer-delay", type=float, default=0.0, help="prefill: post no write before this")
+    ap.add_argument("--secret", default=None)
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"[{a.role}-peer] %(name)s: %(message)s")
 
     from sglang_hydra.config.testing import make_record
     from sglang_hydra.disagg.pd import DecodeWorker, PrefillWorker
+    from tests.disagg.faults import with_faults
 
     rec = make_record(disaggregation_mode=a.role, disaggregation_transfer_backend=a.backend, page_size=16,
-                      max_total_tokens=4096, disaggregation_enable_kv_checksum=a.checksum)
+                      max_total_tokens=4096, disaggregation_enable_kv_checksum=a.checksum,
+                      disaggregation_bootstrap_secret=a.secret, disaggregation_decode_retraction_backup="none")
     if a.role == "prefill":
-        w = PrefillWorker(rec, bootstrap_port=a.bootstrap_port)
+        w = PrefillWorker(rec, bootstrap_port=a.bootstrap_port, classes=with_faults(a.backend, delay=a.transfer_delay))
         print("READY " + json.dumps({"bootstrap": w.bootstrap_addr}), flush=True)
+
+        def announce_first_meta():
+            while not w.mgr.transfer_infos:
+                time.sleep(0.02)
+            print(f"META {json.dumps(min(w.mgr.transfer_infos))}", flush=True)
+        threading.Thread(target=announce_first_meta, daemon=True).start()
         try:
             w.serve(None, idle_timeout=a.idle_timeout)
         finally:

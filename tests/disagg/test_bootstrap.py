@@ -7,7 +7,9 @@ import pytest
 
 from sglang_hydra.disagg.bootstrap import (BootstrapError, BootstrapServer, check_health, fetch_rank,
                                           fetch_server_info, register_rank, request_with_retries)
-from sglang_hydra.disagg.pd import free_port
+from sglang_hydra.utils.ports import free_port
+
+from .faults import SlowBootstrap
 
 Q = "prefill_dp_rank={}&prefill_cp_rank={}&target_tp_rank={}&target_pp_rank={}"
 
@@ -70,7 +72,7 @@ def test_unreachable_fails_after_bounded_retries():
 
 
 def test_slow_server_times_out_then_fails():
-    s = BootstrapServer("127.0.0.1", 0, delay_s=1.5)
+    s = SlowBootstrap("127.0.0.1", 0, delay_s=1.5)
     try:
         t0 = time.monotonic()
         with pytest.raises(BootstrapError, match="after 2 attempt"):

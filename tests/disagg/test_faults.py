@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from sglang_hydra.disagg.pd import PrefillWorker, free_port
+from sglang_hydra.disagg.pd import PrefillWorker
+from sglang_hydra.utils.ports import free_port
 from sglang_hydra.disagg.states import KVPoll
 
 from .conftest import BACKENDS, make_rec
@@ -35,7 +36,7 @@ def test_bootstrap_slow(fast_env):
     fast_env.setenv("SGLANG_HYDRA_DISAGG_BOOTSTRAP_HTTP_TIMEOUT", "0.3")
     fast_env.setenv("SGLANG_HYDRA_DISAGG_BOOTSTRAP_RETRIES", "2")
     rec = make_rec("zmq")
-    with serving_prefill(rec) as (p, _), decode_worker(rec) as d:
+    with serving_prefill(rec, slow_bootstrap=True) as (p, _), decode_worker(rec) as d:
         p.server.delay_s = 1.0
         t0 = time.monotonic()
         res = d.fetch(p.bootstrap_addr, [1], 4, timeout=20)
@@ -50,8 +51,7 @@ def test_bootstrap_slow(fast_env):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_prefill_killed_mid_transfer(backend, fast_env, peers):
     rec = make_rec(backend)
-    slow = peers("prefill", "--backend", backend, "--bootstrap-port", str(free_port()),
-                 env={"SGLANG_HYDRA_TEST_DISAGG_TRANSFER_DELAY": "30"})
+    slow = peers("prefill", "--backend", backend, "--bootstrap-port", str(free_port()), "--transfer-delay", "30")
     with decode_worker(rec) as d:
         out = {}
         th = threading.Thread(target=lambda: out.setdefault("r", d.fetch(slow.ready["bootstrap"], [1, 2], 4,
@@ -78,9 +78,8 @@ def test_prefill_killed_mid_transfer(backend, fast_env, peers):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_decode_killed(backend, fast_env, peers):
-    fast_env.setenv("SGLANG_HYDRA_TEST_DISAGG_TRANSFER_DELAY", "1.0")
     rec = make_rec(backend)
-    with serving_prefill(rec) as (p, out):
+    with serving_prefill(rec, delay=1.0) as (p, out):
         dead = peers("decode", "--backend", backend, "--prefill", p.bootstrap_addr, "--rooms", "1", "--pages", "4")
         deadline = time.monotonic() + 10
         while 1 not in p.mgr.transfer_infos:
@@ -91,7 +90,7 @@ def test_decode_killed(backend, fast_env, peers):
         while p.mgr.status.get(1) not in (None, KVPoll.Failed):
             assert time.monotonic() < deadline, f"room 1 still {p.mgr.status.get(1)}"
             time.sleep(0.05)
-        p.mgr.env = dataclasses.replace(p.mgr.env, test_transfer_delay=0.0)
+        p.mgr.transfer_delay = 0.0
         live = peers("decode", "--backend", backend, "--prefill", p.bootstrap_addr, "--rooms", "2,3", "--pages", "4")
         got = live.expect("RESULT", 30)
     assert {r["room"]: r["status"] for r in got["requests"]} == {2: "Success", 3: "Success"}
@@ -105,8 +104,8 @@ def test_decode_killed(backend, fast_env, peers):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_transfer_rejected_by_engine(backend, fast_env):
     rec = make_rec(backend)
-    with serving_prefill(rec) as (p, out), decode_worker(rec) as d:
-        res = d.fetch(p.bootstrap_addr, [1, 2, 3], 4, timeout=20, bad_page_rooms=[2], max_inflight=1)
+    with serving_prefill(rec) as (p, out), decode_worker(rec, bad_page_rooms=[2]) as d:
+        res = d.fetch(p.bootstrap_addr, [1, 2, 3], 4, timeout=20, max_inflight=1)
         later = d.fetch(p.bootstrap_addr, [4], 4, timeout=20)
     assert _statuses(res) == {1: "Success", 2: "Failed", 3: "Success"}
     bad = [r for r in res.requests if r.room == 2][0]
@@ -119,9 +118,8 @@ def test_transfer_rejected_by_engine(backend, fast_env):
 
 def test_waiting_timeout_env(fast_env):
     fast_env.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "0.5")
-    fast_env.setenv("SGLANG_HYDRA_TEST_DISAGG_TRANSFER_DELAY", "1.5")
     rec = make_rec("zmq")
-    with serving_prefill(rec) as (p, out), decode_worker(rec) as d:
+    with serving_prefill(rec, delay=1.5) as (p, out), decode_worker(rec) as d:
         t0 = time.monotonic()
         res = d.fetch(p.bootstrap_addr, [1], 4, timeout=20)
         assert time.monotonic() - t0 < 1.5

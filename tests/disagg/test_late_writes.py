@@ -5,8 +5,9 @@ are already posted to the engine. If decode hands the pages straight back to its
 next request gets the same pages (the allocator reuses freed pages first), receives its own data,
 and then the late write of the failed request lands on top of it.
 
-``SGLANG_HYDRA_TEST_DISAGG_SLOW_WRITE_ROOMS=room:seconds`` makes prefill post that room's writes
-at once (past its abort check, as if already handed to the NIC) and land them ``seconds`` later.
+``serving_prefill(..., slow_rooms={room: seconds})`` (the test-only ``faults.with_faults``) makes
+prefill post that room's writes at once (past its abort check, as if already handed to the NIC)
+and land them ``seconds`` later.
 """
 import time
 
@@ -32,9 +33,9 @@ def _decode(rec):
     return DecodeWorker(rec, source=src, allocator=rec_alloc), rec_alloc
 
 
-def _prefill(rec):
+def _prefill(rec, **faults):
     src, alloc = build_kv_source(rec)
-    return serving_prefill(rec, source=src, allocator=FifoAllocator(alloc))
+    return serving_prefill(rec, source=src, allocator=FifoAllocator(alloc), **faults)
 
 
 def _snapshot(args, pages):
@@ -50,10 +51,9 @@ def _race(fast_env, deferred: bool):
     """
     fast_env.setenv("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "1" if deferred else "0")
     fast_env.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAIT))
-    fast_env.setenv("SGLANG_HYDRA_TEST_DISAGG_SLOW_WRITE_ROOMS", f"1:{SLOW}")
     fast_env.setenv("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT", "15")
     rec = make_rec("mooncake")
-    with _prefill(rec) as (p, out):
+    with _prefill(rec, slow_rooms={1: SLOW}) as (p, out):
         d, allocs = _decode(rec)
         try:
             t0 = time.monotonic()
@@ -104,9 +104,8 @@ def test_the_race_is_real_without_deferred_release(fast_env):
 def test_abort_before_posting_writes_nothing_and_is_acknowledged(fast_env):
     """Prefill checks the abort before it posts: the aborted room's pages are never written."""
     fast_env.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAIT))
-    fast_env.setenv("SGLANG_HYDRA_TEST_DISAGG_TRANSFER_DELAY", "1.5")
     rec = make_rec("mooncake")
-    with _prefill(rec) as (p, out):
+    with _prefill(rec, delay=1.5) as (p, out):
         d, allocs = _decode(rec)
         try:
             r1 = d.fetch(p.bootstrap_addr, [1], 4, timeout=20)
@@ -134,10 +133,9 @@ def test_abort_before_posting_writes_nothing_and_is_acknowledged(fast_env):
 def test_unconfirmed_pages_are_released_by_the_timeout(fast_env):
     """No confirmation in time: the hold ends after the deferred-release timeout, not before."""
     fast_env.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAIT))
-    fast_env.setenv("SGLANG_HYDRA_TEST_DISAGG_SLOW_WRITE_ROOMS", "1:3.0")
     fast_env.setenv("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT", "0.8")
     rec = make_rec("mooncake")
-    with _prefill(rec) as (p, _):
+    with _prefill(rec, slow_rooms={1: 3.0}) as (p, _):
         d, _ = _decode(rec)
         try:
             r1 = d.fetch(p.bootstrap_addr, [1], 4, timeout=20)
@@ -157,9 +155,8 @@ def test_unconfirmed_pages_are_released_by_the_timeout(fast_env):
 def test_deferred_release_can_be_turned_off(backend, fast_env):
     fast_env.setenv("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "0")
     fast_env.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAIT))
-    fast_env.setenv("SGLANG_HYDRA_TEST_DISAGG_TRANSFER_DELAY", "1.0")
     rec = make_rec(backend)
-    with _prefill(rec) as (p, _):
+    with _prefill(rec, delay=1.0) as (p, _):
         d, _ = _decode(rec)
         try:
             r = d.fetch(p.bootstrap_addr, [1], 4, timeout=20)
@@ -172,9 +169,8 @@ def test_deferred_release_can_be_turned_off(backend, fast_env):
 
 def test_zmq_releases_at_once_because_decode_does_the_writes(fast_env):
     fast_env.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAIT))
-    fast_env.setenv("SGLANG_HYDRA_TEST_DISAGG_SLOW_WRITE_ROOMS", "1:1.5")
     rec = make_rec("zmq")
-    with _prefill(rec) as (p, out):
+    with _prefill(rec, slow_rooms={1: 1.5}) as (p, out):
         d, allocs = _decode(rec)
         try:
             r1 = d.fetch(p.bootstrap_addr, [1], 4, timeout=20)

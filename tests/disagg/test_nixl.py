@@ -87,8 +87,8 @@ def test_unknown_nixl_plugin_is_refused(fast_env):
 def test_write_outside_registered_memory_fails_then_recovers(fast_env):
     """NIXL refuses descriptors outside decode's registered buffers: that room fails, the rest go on."""
     rec = make_rec("nixl")
-    with serving_prefill(rec) as (p, out), decode_worker(rec) as d:
-        res = d.fetch(p.bootstrap_addr, [1, 2, 3], 4, timeout=30, bad_page_rooms=[2], max_inflight=1)
+    with serving_prefill(rec) as (p, out), decode_worker(rec, bad_page_rooms=[2]) as d:
+        res = d.fetch(p.bootstrap_addr, [1, 2, 3], 4, timeout=30, max_inflight=1)
         later = d.fetch(p.bootstrap_addr, [4], 4, timeout=30)
     assert _statuses(res) == {1: "Success", 2: "Failed", 3: "Success"}
     bad = [r for r in res.requests if r.room == 2][0]

@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 
 from sglang_hydra.disagg import control
 from sglang_hydra.disagg.addressing import build_entries, group_contiguous_runs
-from sglang_hydra.disagg.backends.mooncake import MooncakeKVManager
+from sglang_hydra.disagg.addressing import build_entries_fast
+from sglang_hydra.disagg.backends.mooncake import MooncakePrefillManager
 from sglang_hydra.disagg.buffers import TensorKVBuffers, kv_args_from_source
-from sglang_hydra.disagg.common import CommonKVManager, _Peer, build_entries_fast
+from sglang_hydra.disagg.prefill_side import Peer, PrefillKVManager
 from sglang_hydra.disagg.states import KVPoll
 
 from .conftest import make_rec
@@ -53,7 +54,7 @@ class _Handle:
         self.stopped = False
 
 
-class _AsyncManager(CommonKVManager):
+class _AsyncManager(PrefillKVManager):
     """Writes "complete" when the test releases their handle; records concurrency."""
     backend_name = "test-async"
 
@@ -90,7 +91,7 @@ def worker_mgr(monkeypatch):
     sock = _Sock()
     reg = control.Registration("dec", "127.0.0.1", 1, args.kv_data_ptrs, args.kv_data_lens, args.kv_item_lens,
                                args.page_size)
-    mgr.peers["dec"] = _Peer(reg=reg, sock=sock)
+    mgr.peers["dec"] = Peer(reg=reg, sock=sock)
     yield mgr, sock
     for h in mgr.handles.values():
         h.release.set()
@@ -206,7 +207,7 @@ class _Engine:
 
 
 def _mc(engine, max_batch=1024):
-    m = MooncakeKVManager.__new__(MooncakeKVManager)
+    m = MooncakePrefillManager.__new__(MooncakePrefillManager)
     m.engine = engine
     m.max_batch = max_batch
     m._posted = {}

@@ -34,6 +34,10 @@ class Disagg:
     disaggregation_enable_kv_checksum: bool = arg(
         False, "Checksum every transferred page range on both sides and fail requests "
         "whose bytes differ.")
+    disaggregation_bootstrap_secret: Optional[str] = arg(
+        None, "Shared secret every call to the prefill's bootstrap server must carry (sglang-hydra's "
+        "own; unset: SGLANG_HYDRA_DISAGG_BOOTSTRAP_SECRET, else no secret). Set the same value on "
+        "prefill and decode.", hydra_only=True)
     disaggregation_bootstrap_port: int = arg(
         8998, "Port of the prefill server's bootstrap registry, where decode servers look "
         "up prefill ranks.")

@@ -39,6 +39,10 @@ def pd_disaggregation(cfg: Resolving) -> None:
         _check_prefill_complete(cfg)
         if cfg.mode == "prefill" and cfg.optimistic_prefill_attempts == 0:
             cfg.declare(optimistic_prefill_attempts=1)
+    # D-PD13 (sglang-hydra): a bootstrap secret must be something to check
+    secret = cfg.values.get("disaggregation_bootstrap_secret")
+    if secret is not None and not str(secret).strip():
+        cfg.error("disaggregation_bootstrap_secret", "is blank; give a non-empty shared secret or leave it unset")
     # D-PD3
     if cfg.mode == "prefill" and cfg.dcp_size > 1:
         cfg.warn("decode context parallelism on a prefill server works only with the same DCP layout on decode "

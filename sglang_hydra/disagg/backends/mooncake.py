@@ -29,9 +29,15 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from sglang_hydra.utils.envflags import env_flag, env_str
+
 from ..addressing import split_batches
+from ..base import BackendClasses, BackendUnavailableError
+from ..bootstrap import BootstrapServer
+from ..decode_side import CommonKVReceiver, DecodeKVManager
+from ..manager import role_dispatch
+from ..prefill_side import CommonKVSender, PrefillKVManager
 from .native import has_rdma_devices, with_deadline
-from ..common import CommonKVBootstrapServer, CommonKVManager, CommonKVReceiver, CommonKVSender
 
 logger = logging.getLogger("sglang_hydra.disagg.mooncake")
 DEFAULT_MAX_BATCH = 1024
@@ -45,7 +51,6 @@ def import_engine():
     try:
         from mooncake.engine import TransferEngine
     except ImportError as e:
-        from ..registry import BackendUnavailableError
         raise BackendUnavailableError(f"{INSTALL_HINT}; import failed: {e}") from e
     return TransferEngine
 
@@ -57,6 +62,8 @@ def mooncake_available() -> bool:
     except Exception:
         return False
 
+
+available = mooncake_available
 
 
 
@@ -78,15 +85,18 @@ class _Posted:
         self.deadline = deadline
 
 
-class MooncakeKVManager(CommonKVManager):
+class MooncakeEngine:
+    """The engine both roles bring up: initialised, buffers registered, torn down at close."""
     backend_name = "mooncake"
+    # the non-CUDA engine build registers host memory only: GPU KV goes through pinned staging
+    device_memory = False
 
     def init_engine(self) -> None:
         os.environ.setdefault("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "8192")
         TransferEngine = import_engine()
         self.engine = TransferEngine()
-        force_tcp = os.environ.get("MC_FORCE_TCP", "").lower() in ("1", "true", "yes")
-        protocol = os.environ.get("MOONCAKE_PROTOCOL") or ("rdma" if has_rdma_devices() and not force_tcp else "tcp")
+        force_tcp = env_flag("MC_FORCE_TCP", False)
+        protocol = env_str("MOONCAKE_PROTOCOL") or ("rdma" if has_rdma_devices() and not force_tcp else "tcp")
         device = "" if force_tcp else (self.args.ib_device or "")
         rc = with_deadline(lambda: self.engine.initialize(self.host, "P2PHANDSHAKE", protocol, device),
                            self.env.engine_init_timeout, "Mooncake engine initialize", thread_name="mooncake-init")
@@ -100,7 +110,7 @@ class MooncakeKVManager(CommonKVManager):
             raise RuntimeError(f"Mooncake batch_register_memory failed (rc={rc})")
         self.failed_sessions: set = set()
         self.max_batch = self.env.mooncake_max_batch if self.env.mooncake_max_batch > 0 else DEFAULT_MAX_BATCH
-        self.sync_batches = os.environ.get("SGLANG_HYDRA_MOONCAKE_SYNC_BATCH", "").lower() in ("1", "true", "yes")
+        self.sync_batches = env_flag("SGLANG_HYDRA_MOONCAKE_SYNC_BATCH", False)
         self._posted: Dict[str, int] = {}          # session -> entries posted and not final yet
         self._probe_cache: Dict[str, Tuple[float, bool]] = {}
         logger.info("mooncake engine up: protocol=%s session=%s, %d regions registered, batch cap %d, %s",
@@ -109,6 +119,17 @@ class MooncakeKVManager(CommonKVManager):
 
     def registration_extra(self):
         return {"mooncake_session": self.mc_session}
+
+    def close_engine(self) -> None:
+        try:
+            if self._registered:
+                self.engine.batch_unregister_memory(self._registered)
+        except Exception:
+            logger.debug("mooncake unregister failed", exc_info=True)
+
+
+class MooncakePrefillManager(MooncakeEngine, PrefillKVManager):
+    """Posts one ``transfer_submit_write`` per entry and polls for completion (module docstring)."""
 
     def _session_for(self, peer) -> Tuple[Optional[str], str]:
         session = peer.reg.extra.get("mooncake_session")
@@ -196,19 +217,6 @@ class MooncakeKVManager(CommonKVManager):
             h.pending = []
             h.unsettled = True
 
-    # -------------------------------------------------------------- decode: is the prefill's engine gone?
-    def prefill_writes_impossible(self, endpoint: str) -> bool:
-        session = (self._peer_extras.get(endpoint) or {}).get("mooncake_session")
-        if not session:
-            return False
-        now = time.monotonic()
-        t, dead = self._probe_cache.get(session, (0.0, False))
-        if dead or now - t < 0.5:
-            return dead
-        dead = self.engine.send_probe(session) != 0
-        self._probe_cache[session] = (now, dead)
-        return dead
-
     # -------------------------------------------------------------- the reference's synchronous call
     def transfer(self, peer, room: int, entries) -> Tuple[int, str]:
         session, why = self._session_for(peer)
@@ -227,12 +235,24 @@ class MooncakeKVManager(CommonKVManager):
                 return rc, err
         return 0, ""
 
-    def close_engine(self) -> None:
-        try:
-            if self._registered:
-                self.engine.batch_unregister_memory(self._registered)
-        except Exception:
-            logger.debug("mooncake unregister failed", exc_info=True)
+
+
+class MooncakeDecodeManager(MooncakeEngine, DecodeKVManager):
+    def prefill_writes_impossible(self, endpoint: str) -> bool:
+        """Is the prefill's engine gone? (its session no longer answers ``send_probe``)"""
+        session = (self._peer_extras.get(endpoint) or {}).get("mooncake_session")
+        if not session:
+            return False
+        now = time.monotonic()
+        t, dead = self._probe_cache.get(session, (0.0, False))
+        if dead or now - t < 0.5:
+            return dead
+        dead = self.engine.send_probe(session) != 0
+        self._probe_cache[session] = (now, dead)
+        return dead
+
+
+MooncakeKVManager = role_dispatch("MooncakeKVManager", MooncakePrefillManager, MooncakeDecodeManager)
 
 
 class MooncakeKVSender(CommonKVSender):
@@ -243,5 +263,9 @@ class MooncakeKVReceiver(CommonKVReceiver):
     pass
 
 
-class MooncakeKVBootstrapServer(CommonKVBootstrapServer):
+class MooncakeKVBootstrapServer(BootstrapServer):
     pass
+
+
+def backend_classes() -> BackendClasses:
+    return BackendClasses(MooncakeKVManager, MooncakeKVSender, MooncakeKVReceiver, MooncakeKVBootstrapServer)

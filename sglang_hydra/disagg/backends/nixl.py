@@ -26,7 +26,10 @@ How it maps onto the reference's ``NixlKVManager`` (``D/nixl/conn.py``):
   ``check_xfer_state`` and decode's notification thread calls ``get_new_notifs`` (every 1 ms while
   it has rooms in flight, 20 ms when idle).
 * **Memory**: every KV buffer the side built (``KVArgs.kv_data_ptrs/lens``, i.e. the pools from
-  ``sglang_hydra.memory.build_memory``) is registered as ``"DRAM"`` with one ``register_memory``.
+  ``sglang_hydra.memory.build_memory``) is registered with one ``register_memory``: as ``"DRAM"``
+  for host buffers, as ``"VRAM"`` (with the CUDA device index) when the KV lives in GPU memory.
+  Each side tells the other its memory type and device in the registration extras, so a WRITE
+  can go GPU -> GPU, GPU -> host or host -> GPU.
 * **Metadata exchange** rides the existing control plane: decode's ZMQ ``REGISTER`` message carries
   ``{"nixl_agent": name, "nixl_metadata": base64(agent.get_agent_metadata())}`` in its ``extra``;
   prefill calls ``add_remote_agent`` on it (the registration log shows only its size). A peer whose
@@ -89,9 +92,15 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .native import has_rdma_devices, with_deadline
-from ..common import CommonKVBootstrapServer, CommonKVManager, CommonKVReceiver, CommonKVSender
+from sglang_hydra.utils.envflags import env_flag, env_str
+
+from ..base import BackendClasses, BackendUnavailableError
+from ..bootstrap import BootstrapServer
+from ..decode_side import CommonKVReceiver, DecodeKVManager
+from ..manager import role_dispatch
+from ..prefill_side import CommonKVSender, PrefillKVManager
 from ..states import KVPoll
+from .native import has_rdma_devices, with_deadline
 
 logger = logging.getLogger("sglang_hydra.disagg.nixl")
 
@@ -117,7 +126,6 @@ def import_nixl_api():
             return mod
         except Exception as e:  # ImportError, or OSError from a missing native library
             errors.append(f"{name}: {type(e).__name__}: {e}")
-    from ..registry import BackendUnavailableError
     raise BackendUnavailableError(f"{INSTALL_HINT}; import failed ({'; '.join(errors)})")
 
 
@@ -128,6 +136,8 @@ def nixl_available() -> bool:
     except Exception:
         return False
 
+
+available = nixl_available
 
 
 def _is_loopback(host: str) -> bool:
@@ -152,8 +162,8 @@ def apply_ucx_env_defaults(host: str, ib_device: Optional[str], backend: str = D
 
 
 def backend_params_from_env() -> Tuple[str, Dict[str, str]]:
-    backend = os.environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND") or DEFAULT_BACKEND
-    raw = os.environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS") or "{}"
+    backend = env_str("SGLANG_DISAGGREGATION_NIXL_BACKEND", DEFAULT_BACKEND)
+    raw = env_str("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", "{}")
     try:
         params = json.loads(raw)
     except json.JSONDecodeError as e:
@@ -191,9 +201,11 @@ class _Xfer:
         self.deadline, self.started, self.error = deadline, time.monotonic(), ""
 
 
-class NixlKVManager(CommonKVManager):
+class NixlAgent:
+    """The NIXL agent both roles bring up (module docstring: config, memory, UCX defaults)."""
     backend_name = "nixl"
-    late_writes_possible = True    # one-sided: prefill writes into our buffers without us
+    # NIXL registers GPU memory itself ("VRAM" segments): device KV buffers need no staging
+    device_memory = True
 
     # ------------------------------------------------------------------------- engine
     def init_engine(self) -> None:
@@ -226,7 +238,7 @@ class NixlKVManager(CommonKVManager):
             elif backend == "UCCL":
                 params.setdefault("num_cpus", str(num_threads))
         self.agent_name = str(uuid.uuid4())
-        self.progress_thread = os.environ.get(PROGRESS_THREAD_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+        self.progress_thread = env_flag(PROGRESS_THREAD_ENV, False)
 
         def create():
             sync = getattr(api, "nixl_thread_sync_t", None)
@@ -243,7 +255,10 @@ class NixlKVManager(CommonKVManager):
         self.agent = with_deadline(create, self.env.engine_init_timeout, f"NIXL agent / create_backend({backend})", thread_name="nixl-init")
         self.nixl_backend = backend
         pairs = sorted({(p, n) for p, n in zip(self.args.kv_data_ptrs, self.args.kv_data_lens) if n > 0})
-        self._reg_descs = self.agent.register_memory([(p, n, 0, "") for p, n in pairs], "DRAM") if pairs else None
+        self.mem_type = "VRAM" if self.args.memory_kind == "device" else "DRAM"
+        dev = int(self.args.device_index or 0)
+        self._reg_descs = (self.agent.register_memory([(p, n, dev, "") for p, n in pairs], self.mem_type)
+                           if pairs else None)
         self.agent_metadata = bytes(self.agent.get_agent_metadata())
         self._nixl_lock = threading.Lock()
         # prefill: decode session -> (remote agent name or None, metadata, why None)
@@ -255,18 +270,16 @@ class NixlKVManager(CommonKVManager):
         self._pending: Dict[int, Tuple[Any, float]] = {}
         self._notif_wake = threading.Event()
         self._notif_thread = None
-        if self.mode == "decode":
-            self._notif_thread = threading.Thread(target=self._notif_loop, daemon=True, name="nixl-notifs")
-            self._notif_thread.start()
-        logger.info("nixl agent %s up: backend=%s params=%s, %d regions registered (%d bytes), metadata %d bytes, "
+        logger.info("nixl agent %s up: backend=%s params=%s, %d %s regions registered (%d bytes), metadata %d bytes, "
                     "progress thread %s, UCX defaults applied %s (UCX_NET_DEVICES=%s UCX_MODULES=%s)",
-                    self.agent_name[:8], backend, params, len(pairs), sum(n for _, n in pairs),
+                    self.agent_name[:8], backend, params, len(pairs), self.mem_type, sum(n for _, n in pairs),
                     len(self.agent_metadata),
                     "on" if self.progress_thread else "off", applied or "none",
                     os.environ.get("UCX_NET_DEVICES"), os.environ.get("UCX_MODULES"))
 
     def registration_extra(self) -> Dict[str, Any]:
-        return {"nixl_agent": self.agent_name,
+        return {"nixl_agent": self.agent_name, "nixl_mem": self.mem_type,
+                "nixl_device": int(self.args.device_index or 0),
                 "nixl_metadata": base64.b64encode(self.agent_metadata).decode("ascii")}
 
     def close_engine(self) -> None:
@@ -296,7 +309,11 @@ class NixlKVManager(CommonKVManager):
         self._reg_descs = None
         self.agent = None
 
-    # ------------------------------------------------------------------------- prefill
+
+
+class NixlPrefillManager(NixlAgent, PrefillKVManager):
+    """One WRITE per room, polled by the common transfer workers."""
+
     def on_peer_registered(self, peer) -> None:
         extra = peer.reg.extra or {}
         session = peer.reg.session
@@ -359,11 +376,14 @@ class NixlKVManager(CommonKVManager):
         if name is None:
             return (-1, err, True)
         arr = np.asarray(entries, dtype=np.uint64).reshape(-1, 3)
-        zeros = np.zeros(len(arr), dtype=np.uint64)
+        extra = peer.reg.extra or {}
+        here = np.full(len(arr), int(self.args.device_index or 0), dtype=np.uint64)
+        there = np.full(len(arr), int(extra.get("nixl_device", 0)), dtype=np.uint64)
         handle = None
         try:
-            local = self.agent.get_xfer_descs(np.stack([arr[:, 0], arr[:, 2], zeros], axis=1), "DRAM")
-            remote = self.agent.get_xfer_descs(np.stack([arr[:, 1], arr[:, 2], zeros], axis=1), "DRAM")
+            local = self.agent.get_xfer_descs(np.stack([arr[:, 0], arr[:, 2], here], axis=1), self.mem_type)
+            remote = self.agent.get_xfer_descs(np.stack([arr[:, 1], arr[:, 2], there], axis=1),
+                                               str(extra.get("nixl_mem", "DRAM")))
             handle = self.agent.initialize_xfer("WRITE", local, remote, name, _notif(room))
             state = self.agent.transfer(handle)
         except Exception as e:
@@ -424,8 +444,19 @@ class NixlKVManager(CommonKVManager):
             if spins > 64:
                 time.sleep(0.0002)
 
-    # decode: a prefill whose control socket refuses connections is gone (its NIXL agent lives in
-    # the same process and the socket closes only after the transfer workers stopped)
+
+
+class NixlDecodeManager(NixlAgent, DecodeKVManager):
+    """Holds a room's Success until its NIXL notification arrived (the data landed)."""
+    late_writes_possible = True    # one-sided: prefill writes into our buffers without us
+
+    def init_engine(self) -> None:
+        super().init_engine()
+        self._notif_thread = threading.Thread(target=self._notif_loop, daemon=True, name="nixl-notifs")
+        self._notif_thread.start()
+
+    # a prefill whose control socket refuses connections is gone (its NIXL agent lives in the same
+    # process and the socket closes only after the transfer workers stopped)
     def prefill_writes_impossible(self, endpoint: str) -> bool:
         now = time.monotonic()
         t, dead = self._probe_cache.get(endpoint, (0.0, False))
@@ -442,7 +473,6 @@ class NixlKVManager(CommonKVManager):
         self._probe_cache[endpoint] = (now, dead)
         return dead
 
-    # ------------------------------------------------------------------------- decode
     def _on_status(self, msg) -> None:
         room = msg.room
         if msg.status == KVPoll.Success and self._room_pages.get(room):
@@ -509,11 +539,12 @@ class NixlKVManager(CommonKVManager):
                          f"within {self.env.prefill_send_timeout}s")
 
     def forget_room(self, room: int) -> None:
-        if self.mode != "decode":
-            return
         with self._nixl_lock:
             self._notified.pop(room, None)
             self._pending.pop(room, None)
+
+
+NixlKVManager = role_dispatch("NixlKVManager", NixlPrefillManager, NixlDecodeManager)
 
 
 class NixlKVSender(CommonKVSender):
@@ -521,7 +552,7 @@ class NixlKVSender(CommonKVSender):
 
 
 class NixlKVReceiver(CommonKVReceiver):
-    def __init__(self, mgr: NixlKVManager, bootstrap_addr: str, bootstrap_room: Optional[int] = None, **kw):
+    def __init__(self, mgr: NixlDecodeManager, bootstrap_addr: str, bootstrap_room: Optional[int] = None, **kw):
         mgr.forget_room(int(bootstrap_room))  # a stale notification of an earlier request with this room
         super().__init__(mgr, bootstrap_addr, bootstrap_room, **kw)
 
@@ -530,5 +561,10 @@ class NixlKVReceiver(CommonKVReceiver):
         super().clear()
 
 
-class NixlKVBootstrapServer(CommonKVBootstrapServer):
+class NixlKVBootstrapServer(BootstrapServer):
     pass
+
+
+def backend_classes() -> BackendClasses:
+    import_nixl_api()   # BackendUnavailableError naming the install command when NIXL is missing
+    return BackendClasses(NixlKVManager, NixlKVSender, NixlKVReceiver, NixlKVBootstrapServer)

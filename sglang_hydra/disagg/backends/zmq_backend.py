@@ -19,7 +19,11 @@ import zmq
 
 from .. import control
 from ..addressing import page_ranges, within_regions
-from ..common import CommonKVManager, CommonKVReceiver, CommonKVSender, CommonKVBootstrapServer
+from ..base import BackendClasses
+from ..bootstrap import BootstrapServer
+from ..decode_side import CommonKVReceiver, DecodeKVManager
+from ..manager import role_dispatch
+from ..prefill_side import CommonKVSender, PrefillKVManager
 from ..states import KVPoll
 
 
@@ -27,19 +31,13 @@ def _view(addr: int, nbytes: int) -> memoryview:
     return memoryview((ctypes.c_char * nbytes).from_address(addr)).cast("B")
 
 
-class ZmqKVManager(CommonKVManager):
+class ZmqPrefillManager(PrefillKVManager):
     backend_name = "zmq"
-    # decode's own receive thread does every write, and only into pages of rooms that are still
-    # waiting or transferring; data of a failed or cleared room is drained and dropped. So a
-    # failed request's pages can go back to the allocator at once (no deferred release needed).
-    late_writes_possible = False
 
     def init_engine(self) -> None:
         self._acks: Dict[int, Tuple[threading.Event, list]] = {}
         self._acks_lock = threading.Lock()
-        self._allowed: Dict[int, List[Tuple[int, int]]] = {}
 
-    # prefill -----------------------------------------------------------------------------
     def handle_extra(self, frames) -> bool:
         if frames[0] != control.KV_ACK:
             return False
@@ -86,7 +84,17 @@ class ZmqKVManager(CommonKVManager):
             with self._acks_lock:
                 self._acks.pop(room, None)
 
-    # decode ------------------------------------------------------------------------------
+
+class ZmqDecodeManager(DecodeKVManager):
+    backend_name = "zmq"
+    # decode's own receive thread does every write, and only into pages of rooms that are still
+    # waiting or transferring; data of a failed or cleared room is drained and dropped. So a
+    # failed request's pages can go back to the allocator at once (no deferred release needed).
+    late_writes_possible = False
+
+    def init_engine(self) -> None:
+        self._allowed: Dict[int, List[Tuple[int, int]]] = {}
+
     def _room_ranges(self, room: int):
         rng = self._allowed.get(room)
         if rng is None:
@@ -131,6 +139,9 @@ class ZmqKVManager(CommonKVManager):
             pass
 
 
+ZmqKVManager = role_dispatch("ZmqKVManager", ZmqPrefillManager, ZmqDecodeManager)
+
+
 class ZmqKVSender(CommonKVSender):
     pass
 
@@ -141,5 +152,13 @@ class ZmqKVReceiver(CommonKVReceiver):
         super().clear()
 
 
-class ZmqKVBootstrapServer(CommonKVBootstrapServer):
+class ZmqKVBootstrapServer(BootstrapServer):
     pass
+
+
+def backend_classes() -> BackendClasses:
+    return BackendClasses(ZmqKVManager, ZmqKVSender, ZmqKVReceiver, ZmqKVBootstrapServer)
+
+
+def available() -> bool:
+    return True
