@@ -28,13 +28,8 @@ def main() -> int:
     ap.add_argument("--out", help="write here instead of stdout")
     ap.add_argument("--pretty", action="store_true", help="indent the JSON")
     args = ap.parse_args()
-    real_stdout = sys.stdout
-    sys.stdout = sys.stderr  # the engine may print while importing
-    import logging
-    import warnings
-    warnings.simplefilter("ignore")
-    logging.disable(logging.WARNING)
     probe = runpy.run_path(str(PROBE))
+    real_stdout = probe["quiet_engine_output"]()
     data = probe["extract"]()
     text = json.dumps(data, indent=1 if args.pretty else None, separators=None if args.pretty else (",", ":")) + "\n"
     if args.out:

@@ -23,7 +23,7 @@ import logging
 import os
 import re
 import sys
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from .config.errors import ConfigError, Problem
 
@@ -115,35 +115,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _direct(cmd, argv: Sequence[str]) -> int:
-    from .config.compose import compose_values, compose_with_hydra, hydra_override_list, needs_hydra
-    from .config.resolve import resolve
+    from .config.compose import hydra_override_list, resolve_command
     from .jobs.context import JobContext, composed_config
     from .jobs.runner import run_job
 
-    _setup_logging()
-    try:
-        composed = compose_with_hydra(cmd) if needs_hydra(cmd) and not cmd.problems else \
-            compose_values(cmd, raise_problems=False)
-        record = resolve(composed.values, explicit=composed.explicit, prior=composed.problems)
+    def run() -> int:
+        record, composed = resolve_command(cmd)
         ctx = JobContext(overrides=tuple(hydra_override_list(cmd)),
                          config=composed_config(composed.values, composed.job), hardware=composed.hardware)
         from .memory.target import hardware_scope
         with hardware_scope(composed.hardware):
             return _job_status(run_job(composed.job_name, record, composed.job, ctx))
-    except ConfigError as err:
-        _print_problems(err)
-        return EXIT_CONFIG
-    except KeyboardInterrupt:
-        return _interrupted()
-    except SystemExit as exc:   # a job that reports its own failure (e.g. verify found bad pages)
-        return _exit_code(exc)
-    except Exception as exc:
-        as_config = _input_error(exc)
-        if as_config is not None:
-            _print_problems(as_config)
-            return EXIT_CONFIG
-        _print_failure(exc)
-        return EXIT_FAILED
+
+    return _run_reported(run)
 
 
 def _job_status(result) -> int:
@@ -157,24 +141,39 @@ def _deployment(request) -> int:
     from .jobs.context import JobContext
     from .jobs.runner import run_job
 
-    _setup_logging()
-    try:
+    def run() -> int:
         target, job_name, job = compose_deployment(request)
         return _job_status(run_job(job_name, target, job, JobContext()))
-    except ConfigError as err:
-        _print_problems(err)
-        return EXIT_CONFIG
+
+    return _run_reported(run)
+
+
+def _run_reported(run: Callable[[], int]) -> int:
+    """Run one composed job and turn every way it can end into an exit status, reported in
+    one line (or one line per configuration problem), never a traceback unless asked for."""
+    _setup_logging()
+    try:
+        return run()
     except KeyboardInterrupt:
         return _interrupted()
-    except SystemExit as exc:
+    except SystemExit as exc:   # a job that reports its own failure (e.g. verify found bad pages)
         return _exit_code(exc)
     except Exception as exc:
-        as_config = _input_error(exc)
-        if as_config is not None:
-            _print_problems(as_config)
-            return EXIT_CONFIG
-        _print_failure(exc)
-        return EXIT_FAILED
+        code, _message = _report_error(exc)
+        return code
+
+
+def _report_error(exc: Exception, label: str = "") -> Tuple[int, str]:
+    """Print an error that ended a job and return its exit status and a one-line message.
+
+    A :class:`ConfigError`, or an input error raised outside the config layer, is a
+    configuration problem (exit 2); anything else is a failure (exit 1)."""
+    err = exc if isinstance(exc, ConfigError) else _input_error(exc)
+    if err is not None:
+        _print_problems(err, label)
+        return EXIT_CONFIG, err.render()
+    _print_failure(exc, label)
+    return EXIT_FAILED, f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -189,7 +188,8 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from .config.compose import Command, conf_dir, hydra_override_list, hydra_problem, parse_overrides, values_from_cfg
+    from .config.compose import Command, hydra_override_list, hydra_problem, parse_overrides, values_from_cfg
+    from .config.presets import conf_dir
     from .config.resolve import resolve
     from .config.schema import register_configs
     from .jobs import failures, runner
@@ -222,9 +222,6 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
             return result
         except KeyboardInterrupt:
             raise
-        except ConfigError as err:
-            _print_problems(err, label)
-            code, message = EXIT_CONFIG, err.render()
         except SystemExit as exc:
             code = _exit_code(exc)
             if code == EXIT_OK:
@@ -232,13 +229,7 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
             message = f"the job exited with status {code}"
             print(f"sglang-hydra: {label}{message}", file=sys.stderr)
         except Exception as exc:
-            as_config = _input_error(exc)
-            if as_config is not None:
-                _print_problems(as_config, label)
-                code, message = EXIT_CONFIG, as_config.render()
-            else:
-                _print_failure(exc, label)
-                code, message = EXIT_FAILED, f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+            code, message = _report_error(exc, label)
         failures.write_error(out_dir, task_overrides, message, code)
         if not multirun:
             single_run["code"] = code

@@ -19,100 +19,19 @@ rules, and every problem of the command is reported in one :class:`ConfigError`.
 """
 from __future__ import annotations
 
-import difflib
 import functools
 import re
 from dataclasses import MISSING, dataclass, field, fields as dc_fields
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .coerce import coerce
-from .errors import ConfigError, Problem, problem_for
+from .errors import ConfigError, Problem, did_you_mean, problem_for
 from .fields import NAMESPACES
 from .legacy import Setting, flag_to_field, split_argv
 from .record import FIELDS, ServerArgs
+from .presets import GROUPS, conf_dir, default_choices, group_options, no_such_option, preset, yaml_load  # noqa: F401  (GROUPS, conf_dir: re-exported)
 from .registry import job_schemas
-
-# ``job`` and ``hardware`` are composed beside the record (config/hardware.py), not into it.
-GROUPS = tuple(NAMESPACES) + ("job", "hardware")
-
-
-# --------------------------------------------------------------------------- conf/ lookup
-@functools.lru_cache(maxsize=1)
-def conf_dir() -> Path:
-    """The ``conf/`` directory: shipped as package ``sglang_hydra.conf`` or beside the repo."""
-    try:
-        import importlib.util
-        spec = importlib.util.find_spec("sglang_hydra.conf")
-        if spec and spec.submodule_search_locations:
-            for loc in spec.submodule_search_locations:
-                if (Path(loc) / "config.yaml").is_file():
-                    return Path(loc)
-    except ImportError:
-        pass
-    here = Path(__file__).resolve().parents[2] / "conf"
-    if (here / "config.yaml").is_file():
-        return here
-    raise FileNotFoundError("cannot find the conf/ directory (config.yaml) of sglang-hydra")
-
-
-def _yaml_load(path: Path) -> Any:
-    import yaml
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    with open(path, "r", encoding="utf-8") as fh:
-        return yaml.load(fh, Loader=loader)
-
-
-_GLOBAL_PACKAGE = re.compile(r"^#\s*@package\s+_global_\s*$", re.M)
-
-
-@functools.lru_cache(maxsize=256)
-def _load_preset(path: str, group: str, mtime: float) -> Tuple[Any, bool]:
-    """(settings by namespace, plain); plain is False when the file needs Hydra.
-
-    A preset normally holds fields of its own group's namespace.  One headed
-    ``# @package _global_`` may also set fields of other namespaces (``hicache_file`` picks
-    a page size); as long as it is a plain ``{namespace: {field: value}}`` mapping the
-    direct composer applies it too.  Defaults lists and other packages go through Hydra.
-    """
-    text = Path(path).read_text(encoding="utf-8")
-    data = _yaml_load(Path(path)) or {}
-    if not isinstance(data, dict):
-        return data, True
-    if _GLOBAL_PACKAGE.search(text):
-        plain = "defaults" not in data and all(k in NAMESPACES and isinstance(v, dict) for k, v in data.items())
-        return data, plain
-    plain = "@package" not in text and "defaults" not in data
-    return {group: data}, plain
-
-
-def preset(group: str, option: str) -> Tuple[Any, bool]:
-    """The preset ``group/option`` as ``{namespace: {field: value}}`` (None when missing)."""
-    p = conf_dir() / group / f"{option}.yaml"
-    if not p.is_file():
-        return None, True
-    return _load_preset(str(p), group, p.stat().st_mtime)
-
-
-def group_options(group: str) -> List[str]:
-    d = conf_dir() / group
-    names = sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
-    if group == "job":
-        names = sorted(set(names) | set(job_schemas()))
-    return names
-
-
-@functools.lru_cache(maxsize=1)
-def default_choices() -> Tuple[Tuple[str, str], ...]:
-    """Group -> option pairs from the defaults list of conf/config.yaml."""
-    data = _yaml_load(conf_dir() / "config.yaml") or {}
-    out = []
-    for entry in data.get("defaults", []):
-        if isinstance(entry, dict):
-            for k, v in entry.items():
-                if k in GROUPS:
-                    out.append((k, v))
-    return tuple(out)
 
 
 # --------------------------------------------------------------------------- the request
@@ -128,11 +47,6 @@ class Command:
     hydra_only: List[str] = field(default_factory=list)               # hydra.* / hydra/... overrides
     problems: List[Problem] = field(default_factory=list)
     sweep: bool = False
-
-
-def _suggest(key: str, candidates: Iterable[str]) -> str:
-    close = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 @functools.lru_cache(maxsize=1)
@@ -203,7 +117,7 @@ def parse_overrides(texts: Sequence[str], cmd: Command, *, allow_sweep: bool = F
             continue
         name = keys.get(key)
         if name is None:
-            cmd.problems.append(Problem(key, None, f"unknown key{_suggest(key, list(keys) + ['job.' ])}", "override"))
+            cmd.problems.append(Problem(key, None, f"unknown key{did_you_mean(key, list(keys) + ['job.' ])}", "override"))
             continue
         if ov.is_add() and not ov.is_force_add():
             cmd.problems.append(problem_for(name, f"'+{key}' would add a key that already exists; use {key}=... to change it", "override"))
@@ -239,13 +153,13 @@ def _check_sweep_values(ov, text: str, keys: Dict[str, str]) -> List[Problem]:
         options = group_options(key)
         for v in values:
             if str(v) not in options:
-                problems.append(Problem(key, None, f"sweep value {v!r} in {text!r}: no preset '{v}' in group '{key}'; "
-                                                   f"available: {', '.join(options)}{_suggest(str(v), options)}", "override"))
+                problems.append(Problem(key, None, f"sweep value {v!r} in {text!r}: "
+                                                   f"{no_such_option(key, str(v), options)}", "override"))
         return problems
     name = keys.get(key)
     if name is None:
         if not key.startswith("job."):
-            problems.append(Problem(key, None, f"unknown key{_suggest(key, keys)}", "override"))
+            problems.append(Problem(key, None, f"unknown key{did_you_mean(key, keys)}", "override"))
         return problems
     for v in values:
         _, err = coerce(FIELDS[name], v)
@@ -260,9 +174,8 @@ def check_choices(cmd: Command) -> List[Problem]:
     for group, option in cmd.choices.items():
         options = group_options(group)
         if option not in options:
-            problems.append(Problem(group, None, f"no {'job' if group == 'job' else 'preset'} '{option}' in group "
-                                                 f"'{group}'; available: {', '.join(options)}{_suggest(option, options)}",
-                                    "override"))
+            kind = "job" if group == "job" else "preset"
+            problems.append(Problem(group, None, no_such_option(group, option, options, kind), "override"))
     return problems
 
 
@@ -315,7 +228,7 @@ def settings_from_mapping(data: Any, source: str, cmd: Command, *, choices_ok: b
 def _one(k: str, v: Any, source: str, cmd: Command, keys: Dict[str, str], flags: Dict[str, str]) -> None:
     name = keys.get(k) or (k if k in FIELDS and not FIELDS[k].arg.no_cli else None) or flags.get(k.lstrip("-"))
     if name is None:
-        cmd.problems.append(Problem(k, None, f"unknown setting in {source}{_suggest(k, list(keys) + list(flags))}", source))
+        cmd.problems.append(Problem(k, None, f"unknown setting in {source}{did_you_mean(k, list(keys) + list(flags))}", source))
         return
     if FIELDS[name].type is bool and v is False and flags.get(k.lstrip("-")) == name:
         pass  # "flag: false" keeps the flag off, as the reference does
@@ -364,7 +277,7 @@ def load_config_file(path: str, cmd: Command) -> None:
         cmd.problems.append(Problem("", "--config", f"{path}: no such file"))
         return
     try:
-        data = _yaml_load(p)
+        data = yaml_load(p)
     except Exception as exc:  # yaml.YAMLError and decoding errors
         cmd.problems.append(Problem("", "--config", _yaml_error_text(path, exc)))
         return
@@ -410,7 +323,7 @@ def compose_values(cmd: Command, *, raise_problems: bool = True) -> Composed:
             continue
         data, _plain = preset(group, option)
         if data is None:
-            problems.append(Problem(group, None, f"no preset '{option}' in group '{group}'; available: {', '.join(group_options(group))}{_suggest(option, group_options(group))}", "preset"))
+            problems.append(Problem(group, None, no_such_option(group, option, group_options(group)), "preset"))
             continue
         if not isinstance(data, dict):
             problems.append(Problem(group, None, f"preset {group}/{option} must be a mapping", "preset"))
@@ -446,7 +359,7 @@ def _apply_namespace(ns: str, data: Dict[str, Any], source: str, keys: Dict[str,
         key = f"{ns}.{fk}"
         name = keys.get(key)
         if name is None:
-            problems.append(Problem(key, None, f"unknown key in {source}{_suggest(key, keys)}", source))
+            problems.append(Problem(key, None, f"unknown key in {source}{did_you_mean(key, keys)}", source))
             continue
         v, err = coerce(FIELDS[name], fv)
         if err:
@@ -461,14 +374,14 @@ def _job_values(job_name: str, job_settings, problems: List[Problem]) -> Dict[st
     jobs = job_schemas()
     spec = jobs.get(job_name)
     if spec is None:
-        problems.append(Problem("job", None, f"no job '{job_name}'; available: {', '.join(sorted(jobs))}{_suggest(job_name, jobs)}", "job"))
+        problems.append(Problem("job", None, f"no job '{job_name}'; available: {', '.join(sorted(jobs))}{did_you_mean(job_name, jobs)}", "job"))
         return {}
     cls = spec.config_cls
     out = {f.name: (f.default_factory() if f.default_factory is not MISSING else f.default) for f in dc_fields(cls)}
     types = {f.name: f.type for f in dc_fields(cls)}
     for k, v, src in job_settings:
         if k not in out or k == "name":
-            problems.append(Problem(f"job.{k}", None, f"job '{job_name}' has no setting '{k}'{_suggest(k, [n for n in out if n != 'name'])}", src))
+            problems.append(Problem(f"job.{k}", None, f"job '{job_name}' has no setting '{k}'{did_you_mean(k, [n for n in out if n != 'name'])}", src))
             continue
         v, err = _coerce_job(types[k], v)
         if err is None and k in spec.choices and v not in spec.choices[k]:
@@ -597,7 +510,7 @@ def values_from_cfg(cfg, cmd: Command) -> Composed:
         _apply_namespace(ns, data.get(ns) or {}, "hydra", keys, values, problems)
     extra = set(data) - set(NAMESPACES) - {"job", "hydra", "hardware"}
     for k in sorted(extra):
-        problems.append(Problem(k, None, f"unknown key{_suggest(k, keys)}", "hydra"))
+        problems.append(Problem(k, None, f"unknown key{did_you_mean(k, keys)}", "hydra"))
     job = data.get("job") or {}
     job_name = job.get("name", "resolve")
     spec = job_schemas().get(job_name)
@@ -659,11 +572,20 @@ def needs_hydra(cmd: Command) -> bool:
 def compose(overrides: Sequence[str] = (), argv: Sequence[str] = (), config_file: Optional[str] = None,
             *, env: Optional[Dict[str, str]] = None) -> Tuple[ServerArgs, Composed]:
     """The record and the selected job's settings for one command."""
-    from .resolve import resolve
-
     cmd, hydra_flags = build_command(overrides, argv, config_file)
     if hydra_flags:
         cmd.problems.append(Problem("", hydra_flags[0], f"Hydra flag {hydra_flags[0]} is only meaningful on the command line"))
+    return resolve_command(cmd, env=env)
+
+
+def resolve_command(cmd: Command, *, env: Optional[Dict[str, str]] = None) -> Tuple[ServerArgs, Composed]:
+    """The resolved record and the composed values of a parsed command.
+
+    Hydra's Compose API composes when an override needs it (and the command has no problems
+    yet); otherwise the direct composer does, handing its problems on to resolution so that
+    every problem of the command is raised together in one :class:`ConfigError`."""
+    from .resolve import resolve
+
     composed = compose_with_hydra(cmd) if needs_hydra(cmd) and not cmd.problems else \
         compose_values(cmd, raise_problems=False)
     return resolve(composed.values, explicit=composed.explicit, env=env, prior=composed.problems), composed
@@ -685,7 +607,7 @@ def record_from_values(values: Dict[str, Any], *, env: Optional[Dict[str, str]] 
     cmd = Command()
     for k, v in values.items():
         if k not in FIELDS or FIELDS[k].arg.no_cli:
-            cmd.problems.append(Problem(k, None, f"not a settable record field{_suggest(k, FIELDS)}", "python"))
+            cmd.problems.append(Problem(k, None, f"not a settable record field{did_you_mean(k, FIELDS)}", "python"))
             continue
         cmd.settings.append(Setting(k, v, "python"))
     composed = compose_values(cmd)

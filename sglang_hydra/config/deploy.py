@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, fields as dc_fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .errors import ConfigError, Problem, problem_for
+from .errors import ConfigError, Problem, did_you_mean, problem_for
 from .legacy import Setting
-from .record import FIELDS, ServerArgs
+from .record import ServerArgs
 
 SIDES = ("prefill", "decode")
 DEFAULT_DEPLOY = "single"
@@ -202,13 +202,13 @@ def _parse_value(rest: str, tok: str, req: DeployRequest) -> Any:
 
 def _load_file_sections(req: DeployRequest) -> bool:
     """Take ``deploy``/``prefill``/``decode`` out of the --config file; True when it had any."""
-    from .compose import _yaml_load
+    from .presets import yaml_load
 
     p = Path(req.config_file)
     if p.suffix.lower() not in (".yaml", ".yml") or not p.is_file():
         return False          # the ordinary --config loader reports these
     try:
-        data = _yaml_load(p)
+        data = yaml_load(p)
     except Exception:          # invalid YAML: reported by the ordinary loader too
         return False
     if not isinstance(data, dict) or not ({"deploy", *SIDES} & set(map(str, data))):
@@ -244,21 +244,20 @@ def _load_file_sections(req: DeployRequest) -> bool:
 
 # --------------------------------------------------------------------------- composition
 def deploy_options() -> List[str]:
-    from .compose import group_options
+    from .presets import group_options
     return group_options("deploy")
 
 
 def _deploy_settings(req: DeployRequest, problems: List[Problem]) -> Tuple[DeploySettings, set]:
-    from .compose import _coerce_job, _suggest, preset
+    from .compose import _coerce_job
+    from .presets import no_such_option, preset
 
     option = req.option or (DEFAULT_DEPLOY if not req.wants_sides else "pd")
     out = DeploySettings()
     types = {f.name: f.type for f in dc_fields(DeploySettings)}
     data, _ = preset("deploy", option)
     if data is None:
-        opts = deploy_options()
-        problems.append(Problem("deploy", None, f"no preset '{option}' in group 'deploy'; available: "
-                                f"{', '.join(opts)}{_suggest(option, opts)}", "preset"))
+        problems.append(Problem("deploy", None, no_such_option("deploy", option, deploy_options()), "preset"))
         return out, set()
     explicit = set()
     entries = [(k, v, f"preset deploy/{option}", False) for k, v in (data.get("deploy") or {}).items() if k != "name"]
@@ -266,7 +265,7 @@ def _deploy_settings(req: DeployRequest, problems: List[Problem]) -> Tuple[Deplo
     for k, v, src, by_user in entries:
         if k not in types or k == "name":
             problems.append(Problem(f"deploy.{k}", None, f"deploy has no setting '{k}'"
-                                    f"{_suggest(k, [n for n in types if n != 'name'])}", src))
+                                    f"{did_you_mean(k, [n for n in types if n != 'name'])}", src))
             continue
         v, err = _coerce_job(types[k], v)
         if err is None and k == "router_policy" and v is not None and v not in ROUTER_POLICIES:
@@ -360,8 +359,7 @@ def _compose(side: _Side, extra: Sequence[Setting], env=None, *, quiet: bool = F
     """One side's record (or its problems); ``quiet`` keeps a first pass from logging the notes twice."""
     import logging
 
-    from .compose import compose_values, compose_with_hydra, needs_hydra
-    from .resolve import resolve
+    from .compose import resolve_command
 
     cmd = side.cmd
     saved = list(cmd.settings)
@@ -370,9 +368,8 @@ def _compose(side: _Side, extra: Sequence[Setting], env=None, *, quiet: bool = F
     was_disabled = logger.disabled
     logger.disabled = was_disabled or quiet
     try:
-        composed = compose_with_hydra(cmd) if needs_hydra(cmd) and not cmd.problems else \
-            compose_values(cmd, raise_problems=False)
-        return resolve(composed.values, explicit=composed.explicit, env=env, prior=composed.problems), composed, []
+        record, composed = resolve_command(cmd, env=env)
+        return record, composed, []
     except ConfigError as err:
         return None, None, list(err.problems)
     finally:

@@ -98,7 +98,7 @@ def verdict_problem(message: str, version: str) -> Problem:
 
 def check_with_engine(record, python: Optional[str] = None, *, drift_check: bool = True) -> Tuple[List[Problem], List[str]]:
     """(problems, notes): the engine's verdict on ``record`` and what it noticed on the way."""
-    from .schema_snapshot import drift
+    from .drift import drift
     python = python or sys.executable
     with tempfile.TemporaryDirectory(prefix="sglang-hydra-check-") as tmp:
         argv, notes = engine_argv(record, model_dir_for(record, Path(tmp) / "model"))

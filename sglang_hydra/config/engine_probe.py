@@ -184,14 +184,22 @@ def verdict(argv):
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def main() -> int:
-    request = json.load(sys.stdin)
-    real_stdout = sys.stdout
-    sys.stdout = sys.stderr  # the engine may print while importing
+def quiet_engine_output():
+    """Keep stdout for the JSON answer: the engine prints while importing (sent to stderr here)
+    and warns and logs (both silenced).  Returns the real stdout."""
     import logging
     import warnings
+
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr
     warnings.simplefilter("ignore")
     logging.disable(logging.WARNING)
+    return real_stdout
+
+
+def main() -> int:
+    request = json.load(sys.stdin)
+    real_stdout = quiet_engine_output()
     os.environ.update(request.get("env") or {})
     try:
         import sglang

@@ -6,6 +6,7 @@ and exit with status 2 instead of a traceback.
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence
 
@@ -76,6 +77,13 @@ class ConfigError(ValueError):
         n = len(self.problems)
         head = f"{n} configuration problem{'s' if n != 1 else ''}:"
         return "\n".join([head] + [f"  - {p}" for p in self.problems])
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """``; did you mean 'x'?`` for the closest candidate, or "" when none is close: the tail
+    of an "unknown key/preset/setting" message."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def problem_for(name: str, message: str, source: str = "") -> Problem:

@@ -14,12 +14,11 @@ machine: its fields are left null and read live when a plan is made
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import typing
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from .errors import Problem
+from .errors import Problem, did_you_mean
 from .spec import arg, arg_of
 
 LOCAL = "local"
@@ -66,14 +65,9 @@ def _field_infos():
 
 def hardware_options() -> List[str]:
     """The presets in ``conf/hardware``."""
-    from .compose import group_options
+    from .presets import group_options
 
     return group_options("hardware")
-
-
-def _suggest(word: str, candidates: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def compose_hardware(option: Optional[str], settings: Iterable[Tuple[str, Any, str]] = (),
@@ -89,13 +83,13 @@ def compose_hardware(option: Optional[str], settings: Iterable[Tuple[str, Any, s
     values: Dict[str, Any] = {n: fi.default_value() for n, fi in infos.items()}
     option = option or LOCAL
     if preset_data is None:
-        from .compose import preset
+        from .presets import preset
 
         data, _plain = preset("hardware", option)
         if data is None:
             opts = hardware_options()
             problems.append(Problem("hardware", None, f"no hardware preset '{option}'; available: "
-                                    f"{', '.join(opts)}{_suggest(option, opts)}", "preset"))
+                                    f"{', '.join(opts)}{did_you_mean(option, opts)}", "preset"))
             data = {}
         preset_data = (data or {}).get("hardware", {}) if isinstance(data, dict) else {}
         if not isinstance(preset_data, dict):
@@ -108,7 +102,7 @@ def compose_hardware(option: Optional[str], settings: Iterable[Tuple[str, Any, s
     for key, value, source in items:
         fi = infos.get(key)
         if fi is None:
-            problems.append(Problem(f"hardware.{key}", None, f"unknown hardware field{_suggest(key, infos)}; "
+            problems.append(Problem(f"hardware.{key}", None, f"unknown hardware field{did_you_mean(key, infos)}; "
                                     f"fields: {', '.join(HARDWARE_FIELDS)}", source))
             continue
         v, err = coerce(fi, value)

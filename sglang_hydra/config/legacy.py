@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .coerce import allowed_choices, base_type
 from .errors import Problem
 from .record import FIELDS, FieldInfo
-from .spec import FlagSpec, flags_of, has_flag, primary_flag
+from .spec import FlagSpec, flags_of, has_flag
 
 # Hydra's own command-line flags: name -> takes a value.
 HYDRA_FLAGS = {

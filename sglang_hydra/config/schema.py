@@ -65,7 +65,7 @@ _registered = False
 def core_field_names() -> set:
     """Fields a slim schema always holds: every field some preset in conf/ sets (the command's
     own fields are added by the caller)."""
-    from .compose import GROUPS, group_options, preset
+    from .presets import GROUPS, group_options, preset
     names = set()
     keys = {fi.key: n for n, fi in FIELDS.items()}
     for group in GROUPS:

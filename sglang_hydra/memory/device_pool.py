@@ -10,7 +10,7 @@ copy kernel can reach V from K's base with one stride.  fp8 caches are stored as
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -170,6 +170,22 @@ class AllocatorError(RuntimeError):
     """Misuse of an allocator: double free, foreign page, unaligned request."""
 
 
+def page_token_slots(pages: torch.Tensor, page_size: int) -> torch.Tensor:
+    """The token slots of whole pages, page after page: page ``p`` holds slots
+    ``p*page_size`` to ``p*page_size + page_size - 1`` (the same in device and host pools)."""
+    return (pages.view(-1, 1) * page_size + torch.arange(page_size, dtype=torch.int64)).reshape(-1)
+
+
+def whole_pages_alloc(alloc_pages: Callable[[int], Optional[torch.Tensor]], need_size: int, page_size: int,
+                      pool: str = "") -> Optional[torch.Tensor]:
+    """The token slots of ``need_size // page_size`` pages from ``alloc_pages``, or None when
+    they do not fit; ``need_size`` must be a whole number of pages (device and host pools)."""
+    if need_size % page_size:
+        raise AllocatorError(f"{pool}alloc({need_size}) is not a multiple of page_size {page_size}")
+    pages = alloc_pages(need_size // page_size)
+    return None if pages is None else page_token_slots(pages, page_size)
+
+
 class PageAllocator:
     """Page-granular slot allocator with the reference's semantics.
 
@@ -226,16 +242,11 @@ class PageAllocator:
 
     def alloc(self, need_size: int) -> Optional[torch.Tensor]:
         """Token indices of ``need_size // page_size`` fresh pages, or None."""
-        if need_size % self.page_size:
-            raise AllocatorError(f"alloc({need_size}) is not a multiple of page_size {self.page_size}")
-        pages = self.alloc_pages(need_size // self.page_size)
-        if pages is None:
-            return None
-        return self.pages_to_tokens(pages).to(self.device)
+        slots = whole_pages_alloc(self.alloc_pages, need_size, self.page_size)
+        return None if slots is None else slots.to(self.device)
 
     def pages_to_tokens(self, pages: torch.Tensor) -> torch.Tensor:
-        ps = self.page_size
-        return (pages.view(-1, 1) * ps + torch.arange(ps, dtype=torch.int64)).reshape(-1)
+        return page_token_slots(pages, self.page_size)
 
     def free(self, indices: torch.Tensor) -> None:
         """Free the pages that contain token ``indices``."""

@@ -170,7 +170,7 @@ GEOMETRY_FIELDS = ("num_hidden_layers", "num_key_value_heads", "head_dim", "atte
 
 
 def model_presets() -> Tuple[str, ...]:
-    from ..config.compose import group_options
+    from ..config.presets import group_options
     return tuple(group_options("model"))
 
 

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .device_pool import AllocatorError, allocate_zeroed, torch_dtype
+from .device_pool import AllocatorError, allocate_zeroed, torch_dtype, whole_pages_alloc
 from .geometry import KVGeometry
 
 # canonical (L, P, ps, H, D) from each layout's buffer
@@ -196,13 +196,7 @@ class HostKVPool:
 
     def alloc(self, need_size: int) -> Optional[torch.Tensor]:
         """Token slots of whole host pages (``need_size`` a page multiple), or None."""
-        if need_size % self.page_size:
-            raise AllocatorError(f"host alloc({need_size}) is not a multiple of page_size {self.page_size}")
-        pages = self.alloc_pages(need_size // self.page_size)
-        if pages is None:
-            return None
-        ps = self.page_size
-        return (pages.view(-1, 1) * ps + torch.arange(ps)).reshape(-1)
+        return whole_pages_alloc(self.alloc_pages, need_size, self.page_size, "host ")
 
     def free_pages(self, pages: torch.Tensor) -> int:
         pages = torch.as_tensor(pages, dtype=torch.int64).to("cpu").view(-1)

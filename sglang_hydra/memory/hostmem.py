@@ -90,22 +90,22 @@ def _meminfo_bytes(proc_root: str, key: str) -> Optional[int]:
 
 def meminfo_available_bytes(proc_root: str = "/proc") -> int:
     """MemAvailable from ``<proc_root>/meminfo``; falls back to free pages via sysconf."""
-    found = _meminfo_bytes(proc_root, "MemAvailable")
-    if found is not None:
-        return found
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - exotic platforms
-        return 0
+    return _meminfo_or_sysconf(proc_root, "MemAvailable", "SC_AVPHYS_PAGES")
 
 
 def meminfo_total_bytes(proc_root: str = "/proc") -> int:
     """MemTotal from ``<proc_root>/meminfo``; falls back to physical pages via sysconf."""
-    found = _meminfo_bytes(proc_root, "MemTotal")
+    return _meminfo_or_sysconf(proc_root, "MemTotal", "SC_PHYS_PAGES")
+
+
+def _meminfo_or_sysconf(proc_root: str, key: str, sysconf_pages: str) -> int:
+    """``key`` from meminfo in bytes, else the ``sysconf_pages`` page count times the page size
+    (0 where neither can be read)."""
+    found = _meminfo_bytes(proc_root, key)
     if found is not None:
         return found
     try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+        return int(os.sysconf(sysconf_pages)) * int(os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):  # pragma: no cover - exotic platforms
         return 0
 

@@ -16,7 +16,8 @@ from sglang_hydra import ConfigError, compose_record
 from sglang_hydra.config.compose import build_command, compose_values
 from sglang_hydra.config.legacy import cli_fields, legacy_parser, split_argv, to_argv
 from sglang_hydra.config.record import FIELDS
-from sglang_hydra.config.schema_snapshot import drift, load_snapshot, reference_fields, top_namespace
+from sglang_hydra.config.drift import drift
+from sglang_hydra.config.schema_snapshot import load_snapshot, reference_fields, top_namespace
 
 sys.path.insert(0, str(Path(__file__).parent))
 from surface_values import sample  # noqa: E402

@@ -174,14 +174,25 @@ def test_an_unparsable_override_gets_a_quoting_hint(tmp_path):
 
 
 # --------------------------------------------------------------------------- 4. outputs
+def _replay_dirs_of_two_runs_at_once(args, cwd):
+    """Start the same command twice at once; both must succeed. The run dirs holding a replay.json."""
+    procs = [subprocess.Popen([sys.executable, "-m", "sglang_hydra", *args], cwd=cwd,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=240)
+            assert p.returncode == 0, err
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return sorted(p.parent for p in (cwd / "outputs").glob("*/*/replay.json"))
+
+
 def test_direct_runs_save_config_and_overrides_in_unique_dirs(tmp_path):
     args = ("job=replay", "job.max_requests=20", "job.format=json", "job.progress=false", "--hicache-ratio", "3")
-    procs = [subprocess.Popen([sys.executable, "-m", "sglang_hydra", *args], cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    for p in procs:
-        _, err = p.communicate(timeout=240)
-        assert p.returncode == 0, err
-    runs = sorted(p.parent for p in (tmp_path / "outputs").glob("*/*/replay.json"))
+    runs = _replay_dirs_of_two_runs_at_once(args, tmp_path)
     assert len(runs) == 2                                   # never one shared directory
     for d in runs:
         cfg = yaml.safe_load((d / ".hydra" / "config.yaml").read_text())
@@ -195,12 +206,7 @@ def test_hydra_run_dirs_are_unique_per_run(tmp_path):
     cfg = yaml.safe_load((ROOT / "conf" / "config.yaml").read_text())["hydra"]
     assert "%f" in cfg["run"]["dir"] and "%f" in cfg["sweep"]["dir"]
     args = ("job=replay", "job.max_requests=20", "job.progress=false", "hydra.job.chdir=false")
-    procs = [subprocess.Popen([sys.executable, "-m", "sglang_hydra", *args], cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    for p in procs:
-        _, err = p.communicate(timeout=240)
-        assert p.returncode == 0, err
-    runs = sorted(p.parent for p in (tmp_path / "outputs").glob("*/*/replay.json"))
+    runs = _replay_dirs_of_two_runs_at_once(args, tmp_path)
     assert len(runs) == 2
     assert all((d / ".hydra" / "config.yaml").is_file() and (d / ".hydra" / "overrides.yaml").is_file() for d in runs)
 
