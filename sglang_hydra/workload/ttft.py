@@ -140,7 +140,8 @@ def assumptions(chunk_tokens: Optional[int]) -> List[str]:
         "wrong when the scheduler reorders (priorities, longest-prefix-first) or several prefill engines "
         "(data parallel) share the trace.",
         f"Each chunk ({chunk}) is its own forward pass holding one request; SGLang packs several requests "
-        "into one prefill batch, so bursts of short requests queue less than modelled.",
+        "into one prefill batch, so the model is wrong (pessimistic) for bursts of short requests, which queue "
+        "less in SGLang.",
         "Decode does not slow prefill (prefill-only engine as in PD disaggregation, or no mixed batches); "
         "wrong for a colocated server under decode load, where TTFT is higher.",
         "Compute = 2 x num_parameters FLOPs per new token + 4 x layers x heads x head_dim FLOPs per causal "
@@ -156,7 +157,7 @@ def assumptions(chunk_tokens: Optional[int]) -> List[str]:
         "copy and the excess of a layer's copy over a layer's compute of the first chunk are exposed); wrong "
         "when the io backend copies the whole prefix before compute, or pages are not pinned.",
         "Storage hits the caller did not prefetch are read at storage_read_gbps (shared by the ranks of a node) "
-        "before compute starts, then copied like host hits; storage_wait_s is added as given. Wrong when the "
+        "before compute starts, then copied like host hits; storage_wait_s is added as given. This is wrong when the "
         "storage backend is latency-bound (small pages) rather than bandwidth-bound.",
         "At least one prompt token is computed even when the whole prompt is cached (the last token yields "
         "the logits); tokenisation, network and sampling time are not part of TTFT, which is wrong when "
