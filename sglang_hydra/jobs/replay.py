@@ -1,10 +1,25 @@
-"""``job=replay``: a trace through the prefix cache; a table, and replay.json in the job dir."""
+"""``job=replay``: a trace through the prefix cache, timed by the TTFT model.
+
+Writes ``replay.json`` (everything, including the TTFT model's assumptions) and
+``metrics.json`` (flat: per-tier hit rates, TTFT percentiles, host memory, the overrides
+that define the point) into the job dir, and returns ``job.objective`` as a float: that is
+the value Hydra hands to a sweeper (Optuna minimises or maximises it, see OBJECTIVES).
+
+Modes: ``metadata`` (one device tier, decisions only), ``sim`` (device/host/storage tiers,
+no bytes; the default when HiCache is on) and ``full`` (real KV bytes).
+"""
 from __future__ import annotations
 
 import json
+import math
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..config.errors import ConfigError, Problem
 from .context import JobContext
+from .specs import OBJECTIVES
+
+GiB = 1024 ** 3
+GB = 1e9
 
 
 def load_requests(job: dict):
@@ -21,44 +36,228 @@ def load_requests(job: dict):
         raise ConfigError([Problem("job.trace", None, f"no such trace file: {exc.filename}", "trace")]) from None
 
 
-def run(record, job: dict, ctx: JobContext) -> dict:
+def replay_mode(record, job: dict) -> str:
+    """``job.mode`` as given; unset: ``sim`` when the record enables HiCache, else ``metadata``."""
+    mode = job.get("mode")
+    if mode:
+        return mode
+    return "sim" if getattr(record, "enable_hierarchical_cache", False) else "metadata"
+
+
+def objective_direction(name: str) -> str:
+    """``minimize`` or ``maximize`` for an objective name (ValueError for unknown ones)."""
+    try:
+        return OBJECTIVES[name]
+    except KeyError:
+        raise ValueError(f"unknown objective {name!r}; allowed: {', '.join(OBJECTIVES)}") from None
+
+
+def make_timeline(record, hardware) -> Tuple[Any, Optional[str]]:
+    """(PrefillTimeline, None), or (None, why TTFT cannot be modelled for this record/hardware)."""
+    from ..workload.ttft import HardwareSpec, ModelShape, PrefillTimeline, default_chunk_tokens
+
+    if hardware is None:
+        return None, "no hardware selected; choose one, e.g. hardware=h100_80gb"
+    try:
+        hw = HardwareSpec.from_any(hardware)
+    except ValueError as exc:
+        name = getattr(hardware, "name", None) or (hardware.get("name") if isinstance(hardware, dict) else "?")
+        return None, (f"hardware '{name}' lacks timing figures ({exc}); choose a preset such as "
+                      "hardware=h100_80gb, or measure one with job=calibrate")
+    try:
+        model = ModelShape.from_record(record)
+    except ValueError as exc:
+        return None, str(exc)
+    return PrefillTimeline(hw, model, chunk_tokens=default_chunk_tokens(record, hw)), None
+
+
+def _per_request_device_hits(record, reqs, hit_pages: List[int]) -> List[int]:
+    ps = int(record.page_size or 1)
+    return [min(k * ps, r.input_length) for r, k in zip(reqs, hit_pages)]
+
+
+def time_device_hits(timeline, reqs, hit_tokens: List[int], time_scale: float = 1.0) -> None:
+    """Feed a single-tier replay's per-request hits to the timeline (every hit on device)."""
+    serve = timeline.serve
+    scale = time_scale / 1000.0       # trace timestamps are in ms
+    for r, h in zip(reqs, hit_tokens):
+        serve(r.timestamp * scale, r.input_length, h, 0, 0)
+
+
+def host_memory_bytes(record, hardware) -> Tuple[int, str]:
+    """Host KV memory the configuration uses, from the memory plan; (bytes, how it was sized)."""
+    if not getattr(record, "enable_hierarchical_cache", False):
+        return 0, "HiCache off: no host KV tier"
+    from ..memory.geometry import kv_geometry
+
+    bpt = kv_geometry(record).bytes_per_token
+    size_gb = getattr(record, "hicache_size", 0) or 0
+    if size_gb:
+        return int(size_gb * GiB), f"hicache_size {size_gb} GB"
+    tokens = getattr(record, "max_total_tokens", None)
+    if not tokens:
+        return 0, "device pool size unknown (set schedule.max_total_tokens)"
+    ratio = float(getattr(record, "hicache_ratio", None) or 2.0)
+    return int(ratio * int(tokens) * bpt), f"hicache_ratio {ratio:g} x {int(tokens):,} device tokens"
+
+
+def _trace_name(job: dict) -> str:
+    if job.get("workload") == "synthetic":
+        return f"synthetic ({job.get('conversations', 200)} conversations)"
+    if job.get("trace"):
+        from pathlib import Path
+        return Path(str(job["trace"])).name
+    return "bundled trace sample"
+
+
+def _flat_overrides(ctx: JobContext) -> Dict[str, str]:
+    out = {}
+    for ov in ctx.overrides or ():
+        k, _, v = str(ov).partition("=")
+        out[k.lstrip("+~")] = v
+    return out
+
+
+def run(record, job: dict, ctx: JobContext) -> float:
     from ..workload.replay import replay
 
     requests = load_requests(job)
-    mode = job.get("mode", "metadata")
-    kwargs = dict(mode=mode, max_requests=job.get("max_requests"),
+    mode = replay_mode(record, job)
+    objective = job.get("objective") or "ttft_p90_ms"
+    direction = objective_direction(objective)
+    hardware = getattr(ctx, "hardware", None)
+    timeline, no_ttft = make_timeline(record, hardware)
+    time_scale = float(job.get("time_scale", 1.0) or 1.0)
+    if time_scale <= 0:
+        raise ConfigError([Problem("job.time_scale", None, f"must be > 0, got {time_scale}", "replay")])
+    kwargs = dict(max_requests=job.get("max_requests"),
                   tail_threshold_tokens=job.get("tail_threshold_tokens", 4096),
-                  prefill_us_per_token=job.get("prefill_us_per_token", 50.0),
                   progress=job.get("progress", True) and not ctx.multirun)
     if job.get("policy"):
         kwargs["policy"] = job["policy"]
     try:
         if mode == "full":
             from ..workload.full_replay import full_replay
-            result = full_replay(record, requests, **kwargs)
+            result = full_replay(record, requests, mode="full", **kwargs)
+            if timeline is not None:
+                no_ttft, timeline = "job.mode=full reports its own measured-bandwidth estimate only", None
+        elif mode == "sim":
+            result, timeline = _sim(record, requests, timeline, kwargs, time_scale)
         else:
-            result = replay(record, requests, **kwargs)
+            result = replay(record, requests, mode="metadata", keep_per_request=True, **kwargs)
+            if timeline is not None:
+                from ..workload.replay import select_requests
+                reqs = select_requests(requests, kwargs["max_requests"], 0.0)
+                time_device_hits(timeline, reqs, _per_request_device_hits(record, reqs, result.per_request_hit_pages),
+                                 time_scale)
     except ValueError as exc:
         raise ConfigError([Problem("job", None, str(exc), "replay")]) from None
     data = result.to_dict()
+    # the old linear estimate (uncached tokens x a constant) is replaced by the TTFT model
+    for k in [k for k in data if k.startswith("ttft_ms_") or k == "prefill_us_per_token"]:
+        data.pop(k)
+    data["mode"] = mode
+    data["time_scale"] = time_scale
+    data["model"] = getattr(record, "model_path", None)
+    data["trace"] = _trace_name(job)
+    data["hardware"] = getattr(hardware, "name", None) if hardware is not None else None
+    if timeline is not None:
+        data.update(timeline.summary())
+        data["ttft_assumptions"] = timeline.assumptions()
+    else:
+        data["ttft_model"] = f"off: {no_ttft}"
+    _tier_rates(data)
+    host_bytes, host_why = host_memory_bytes(record, hardware)
+    data["host_memory_bytes"] = host_bytes
+    data["host_memory_gb"] = host_bytes / GB
+    data["host_memory_sized_by"] = host_why
     skipped = getattr(requests, "skipped", 0)
     if skipped:
         data["skipped_lines"] = skipped
-    ctx.write_text("replay.json", json.dumps(data, indent=2))
-    if job.get("format") == "json":
-        print(json.dumps(data, indent=2))
-    else:
-        from rich.console import Console
-        from rich.table import Table
-        t = Table(title="replay")
-        t.add_column("metric")
-        t.add_column("value", justify="right")
-        for k, v in result.summary_rows():
-            t.add_row(k, v)
-        if skipped:
-            t.add_row("skipped bad lines", str(skipped))
-        Console(width=120).print(t)
-        print(f"wrote {ctx.out_dir() / 'replay.json'}")
+    status, reason = "ok", ""
+    budget = job.get("max_host_memory_gb")
+    if budget is not None and host_bytes > float(budget) * GB:
+        status = "infeasible"
+        reason = (f"host memory {host_bytes / GB:.1f} GB exceeds job.max_host_memory_gb={float(budget):g}")
+    value = data.get(objective)
+    if value is None:
+        value = float("nan")
+        if status == "ok":
+            status, reason = "no_objective", f"{objective} is not available: {no_ttft or 'not computed in this mode'}"
+    data.update(objective=objective, objective_direction=direction, objective_value=float(value),
+                status=status, status_reason=reason)
+    ctx.write_text("replay.json", json.dumps(data, indent=2, default=str))
     metrics = {k: v for k, v in data.items() if isinstance(v, (int, float, str, bool)) or v is None}
+    metrics.update(_flat_overrides(ctx))
     ctx.write_text("metrics.json", json.dumps(metrics))
-    return metrics
+    _print(data, job, ctx)
+    if status == "infeasible":
+        # A failed trial for a sweeper (Optuna records it as FAIL and samples elsewhere);
+        # a single run exits 2 naming the budget.
+        raise ConfigError([Problem("job.max_host_memory_gb", None, reason, "constraint")])
+    if status != "ok" and not ctx.multirun:
+        print(f"note: {reason}")
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
+def _sim(record, requests, timeline, kwargs, time_scale):
+    """The tiered (device/host/storage) replay with the timeline as its clock."""
+    try:
+        from ..workload.replay import replay_tiered  # provided by the tiered replay
+    except ImportError:
+        raise ValueError("job.mode=sim needs the tiered replay, which this build does not have; "
+                         "use job.mode=metadata") from None
+    result = replay_tiered(record, requests, timeline=timeline, time_scale=time_scale, **kwargs)
+    return result, timeline
+
+
+def _tier_rates(data: Dict[str, Any]) -> None:
+    """Per-tier token hit rates as flat keys (device, host, storage), from whatever the replay reports."""
+    total = data.get("input_tokens") or 0
+    if not total:
+        return
+    tiers = {}
+    for tier in ("device", "host", "storage"):
+        v = data.get(f"{tier}_hit_tokens")
+        if v is not None:
+            tiers[tier] = v
+    if not tiers:   # single-tier replay: every hit is on the device
+        tiers = {"device": data.get("hit_tokens", 0), "host": 0, "storage": 0}
+    for tier, v in tiers.items():
+        data[f"{tier}_hit_rate"] = v / total
+
+
+def _print(data: Dict[str, Any], job: dict, ctx: JobContext) -> None:
+    if job.get("format") == "json":
+        print(json.dumps(data, indent=2, default=str))
+        return
+    if ctx.multirun:
+        obj = data["objective"]
+        print(f"{obj}={data['objective_value']:.6g} token_hit_rate={data.get('token_hit_rate', 0):.4f} "
+              f"status={data['status']}")
+        return
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"replay ({data['mode']})")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [("policy", str(data.get("policy"))), ("requests", f"{data.get('requests', 0):,}"),
+            ("token hit rate", f"{100 * data.get('token_hit_rate', 0):.2f} %")]
+    for tier in ("device", "host", "storage"):
+        if f"{tier}_hit_rate" in data:
+            rows.append((f"  {tier} hits", f"{100 * data[f'{tier}_hit_rate']:.2f} %"))
+    if "ttft_p90_ms" in data:
+        rows += [("TTFT P50 / P90 / P99", f"{data['ttft_p50_ms']:.1f} / {data['ttft_p90_ms']:.1f} / "
+                                         f"{data['ttft_p99_ms']:.1f} ms"),
+                 ("engine busy", f"{100 * data['engine_busy_share']:.1f} %"),
+                 ("prefill throughput", f"{data['prefill_throughput']:,.0f} tokens/s")]
+    else:
+        rows.append(("TTFT", data.get("ttft_model", "")))
+    rows.append(("host memory", f"{data['host_memory_gb']:.1f} GB"))
+    rows.append((f"objective {data['objective']}", f"{data['objective_value']:.6g} ({data['objective_direction']})"))
+    if data.get("skipped_lines"):
+        rows.append(("skipped bad lines", str(data["skipped_lines"])))
+    for k, v in rows:
+        t.add_row(k, v)
+    Console(width=120).print(t)
+    print(f"wrote {ctx.out_dir() / 'replay.json'}")
