@@ -76,6 +76,8 @@ def register_configs() -> None:
     for name, spec in JOB_SPECS.items():
         cs.store(group="job", name=name, node=spec.config_cls)
     cs.store(group="hydra/help", name="sglang_help", node=help_config())
+    from ..jobs.sweeps import register_sweeper_defaults  # optuna: direction from job.objective
+    register_sweeper_defaults(cs)
     _registered = True
 
 

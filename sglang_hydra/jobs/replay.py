@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..config.errors import ConfigError, Problem
 from .context import JobContext
-from .specs import OBJECTIVES
+from .sweeps import objective_direction
 
 GiB = 1024 ** 3
 GB = 1e9
@@ -42,14 +42,6 @@ def replay_mode(record, job: dict) -> str:
     if mode:
         return mode
     return "sim" if getattr(record, "enable_hierarchical_cache", False) else "metadata"
-
-
-def objective_direction(name: str) -> str:
-    """``minimize`` or ``maximize`` for an objective name (ValueError for unknown ones)."""
-    try:
-        return OBJECTIVES[name]
-    except KeyError:
-        raise ValueError(f"unknown objective {name!r}; allowed: {', '.join(OBJECTIVES)}") from None
 
 
 def make_timeline(record, hardware) -> Tuple[Any, Optional[str]]:
@@ -197,6 +189,10 @@ def run(record, job: dict, ctx: JobContext) -> float:
         raise ConfigError([Problem("job.max_host_memory_gb", None, reason, "constraint")])
     if status != "ok" and not ctx.multirun:
         print(f"note: {reason}")
+    if status != "ok" and ctx.multirun:
+        from .sweeps import under_optuna
+        if under_optuna():  # NaN would kill an Optuna 2.10 study; an exception is a failed trial
+            raise RuntimeError(f"trial has no {objective}: {reason}")
     return float(value) if isinstance(value, (int, float)) else float("nan")
 
 

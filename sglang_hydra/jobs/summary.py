@@ -33,6 +33,16 @@ _CONTEXT_KEYS = ("model", "hardware", "job", "job.trace", "hydra/launcher", "hyd
 
 
 class SweepSummary(Callback):
+    def on_job_end(self, config, job_return=None, **kwargs: Any) -> None:
+        """Keep the tables current after every point, so a sweep that dies still leaves them."""
+        try:
+            from hydra.core.hydra_config import HydraConfig
+            if str(HydraConfig.get().mode) != "RunMode.MULTIRUN":
+                return
+            write_summary(Path(config.hydra.sweep.dir), plots=False)
+        except Exception:  # noqa: BLE001 - the end-of-sweep summary reports problems
+            pass
+
     def on_multirun_end(self, config, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
@@ -106,8 +116,8 @@ def collect(sweep_dir: Path) -> Tuple[List[Dict[str, Any]], List[str]]:
     return rows, swept
 
 
-def write_summary(sweep_dir: Path) -> List[Dict[str, Any]]:
-    """Write summary.csv, failed.csv, summary.png and pareto.png into ``sweep_dir``."""
+def write_summary(sweep_dir: Path, *, plots: bool = True) -> List[Dict[str, Any]]:
+    """Write summary.csv, failed.csv, best_config.yaml, summary.png and pareto.png into ``sweep_dir``."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         return []
@@ -131,12 +141,62 @@ def write_summary(sweep_dir: Path) -> List[Dict[str, Any]]:
         atomic_write(fpath, _csv(failed, fcols))
     elif fpath.exists():
         fpath.unlink()
+    if not plots:
+        return rows
+    best = write_best_config(sweep_dir, rows)
+    if best is not None:
+        print(f"best point: {best}")
     try:
         plot_summary(sweep_dir, rows, swept)
         plot_pareto(sweep_dir, rows, swept)
     except ImportError:  # matplotlib missing: the tables are still there
         pass
     return rows
+
+
+def _value(text: str) -> Any:
+    import yaml
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def write_best_config(sweep_dir: Path, rows) -> Optional[str]:
+    """``best_config.yaml``: the best point's settings, in the form ``--config FILE`` reads.
+
+    Group choices (``model: llama3_8b``) and dotted settings (``memory.hicache_ratio: 4``)
+    come from the point's overrides; ``job.*`` settings are listed as comments (they belong
+    to the job, not to the server).  Returns a one-line description, or None without a best."""
+    objective = next((r.get("objective") for r in rows if r.get("objective")), None)
+    direction = next((r.get("objective_direction") for r in rows if r.get("objective_direction")), "minimize")
+    if not objective:
+        return None
+    best = _best(rows, objective, direction)
+    if best is None:
+        return None
+    import yaml
+    settings: Dict[str, Any] = {}
+    job_lines = []
+    for k, v in best["_overrides"].items():
+        if k.startswith("hydra") or k == "job":
+            continue
+        if k.startswith("job."):
+            job_lines.append(f"#   {k}={v}")
+            continue
+        settings[k] = _value(v)
+    ordered = dict(sorted(settings.items(), key=lambda kv: ("." in kv[0], kv[0])))
+    head = [f"# Best of {len(rows)} points in {sweep_dir} by {objective} ({direction}): "
+            f"{_fmt(float(best.get(objective)))} (run {best['run']}).",
+            "# Use it with: sglang-hydra --config best_config.yaml [job=... overrides]"]
+    if job_lines:
+        head.append("# The sweep also set these job settings:")
+        head += job_lines
+    text = "\n".join(head) + "\n" + (yaml.safe_dump(ordered, sort_keys=False) if ordered else "{}\n")
+    atomic_write(sweep_dir / "best_config.yaml", text)
+    return f"{objective}={_fmt(float(best.get(objective)))} at " + \
+        " ".join(f"{k}={v}" for k, v in best["_overrides"].items() if not k.startswith("job.")) + \
+        f" (written to {sweep_dir / 'best_config.yaml'})"
 
 
 def _csv(rows, cols) -> str:
@@ -287,7 +347,8 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
                 ax.plot([], [], "k-", label="all tiers")
                 ax.plot([], [], "k--", label="device only")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="best")
     title = _context_title(rows) + f"  |  {len(rows)} points"
     if failed:
         title += f", {len(failed)} failed or infeasible (red bands; see failed.csv)"
