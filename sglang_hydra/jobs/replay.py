@@ -170,7 +170,7 @@ def run(record, job: dict, ctx: JobContext) -> float:
     budget = job.get("max_host_memory_gb")
     if budget is not None and host_bytes > float(budget) * GB:
         status = "infeasible"
-        reason = (f"host memory {host_bytes / GB:.1f} GB exceeds job.max_host_memory_gb={float(budget):g}")
+        reason = (f"host memory {host_bytes / GB:.3g} GB exceeds job.max_host_memory_gb={float(budget):g}")
     value = data.get(objective)
     if value is None:
         value = float("nan")
@@ -183,17 +183,19 @@ def run(record, job: dict, ctx: JobContext) -> float:
     metrics.update(_flat_overrides(ctx))
     ctx.write_text("metrics.json", json.dumps(metrics))
     _print(data, job, ctx)
-    if status == "infeasible":
-        # A failed trial for a sweeper (Optuna records it as FAIL and samples elsewhere);
-        # a single run exits 2 naming the budget.
-        raise ConfigError([Problem("job.max_host_memory_gb", None, reason, "constraint")])
-    if status != "ok" and not ctx.multirun:
-        print(f"note: {reason}")
-    if status != "ok" and ctx.multirun:
-        from .sweeps import under_optuna
-        if under_optuna():  # NaN would kill an Optuna 2.10 study; an exception is a failed trial
-            raise RuntimeError(f"trial has no {objective}: {reason}")
-    return float(value) if isinstance(value, (int, float)) else float("nan")
+    if status != "ok":
+        if not ctx.multirun:
+            if status == "infeasible":   # a single run over its budget exits 2 naming the budget
+                raise ConfigError([Problem("job.max_host_memory_gb", None, reason, "constraint")])
+            print(f"note: {reason}")
+        else:
+            from .sweeps import under_optuna
+            if under_optuna():
+                # Optuna 2.10 cannot be told NaN (the study would die); an exception is a
+                # failed trial, and the study samples elsewhere.
+                raise RuntimeError(f"{status}: {reason}")
+            # grid sweeps: the point stays in the summary, marked with its status
+    return float(value) if status == "ok" else float("nan")
 
 
 def _sim(record, requests, timeline, kwargs, time_scale):
