@@ -132,10 +132,12 @@ def _processes_mentioning(text: str):
 
 @pytest.mark.slow
 def test_ray_launcher_on_a_private_local_instance(tmp_path):
-    """ray.init starts a Ray instance on 127.0.0.1 inside the sweep's own process (temp dir
-    under tmp_path, no dashboard, 2 CPUs); it is gone when the command ends."""
+    """ray.init starts a Ray instance on 127.0.0.1 inside the sweep's own process (its own
+    temp dir, no dashboard, 2 CPUs); it is gone when the command ends."""
     pytest.importorskip("hydra_plugins.hydra_ray_launcher")
-    ray_tmp = tmp_path / "ray"
+    import shutil
+    import tempfile
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))   # Ray's socket paths must stay < 108 bytes
     try:
         _two_point_sweep(tmp_path, "hydra/launcher=ray_local", "+hydra.launcher.ray.init.num_cpus=2",
                          f"+hydra.launcher.ray.init._temp_dir={ray_tmp}", timeout=240,
@@ -147,4 +149,5 @@ def test_ray_launcher_on_a_private_local_instance(tmp_path):
                 os.kill(pid, 9)
             except ProcessLookupError:
                 pass
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert not leftovers
