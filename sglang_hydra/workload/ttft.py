@@ -53,7 +53,7 @@ class HardwareSpec:
     prefill_efficiency: float     # share of the peak a prefill pass reaches (0-1]
     hbm_bandwidth_gbps: float     # device memory, GB/s
     h2d_gbps: float               # host -> device copy, GB/s per GPU
-    storage_read_gbps: float      # storage -> host, GB/s per node
+    storage_read_gbps: Optional[float] = None   # storage -> host, GB/s per node (needed for storage hits)
     gpu_memory_gb: float = 80.0
 
     @classmethod
@@ -63,7 +63,7 @@ class HardwareSpec:
             return hw
         problems = []
         vals = {}
-        for f in ("bf16_tflops", "prefill_efficiency", "hbm_bandwidth_gbps", "h2d_gbps", "storage_read_gbps"):
+        for f in ("bf16_tflops", "prefill_efficiency", "hbm_bandwidth_gbps", "h2d_gbps"):
             v = _get(hw, f)
             if v is None or float(v) <= 0:
                 problems.append(f"hardware.{f} must be a positive number, got {v!r}")
@@ -71,10 +71,13 @@ class HardwareSpec:
                 vals[f] = float(v)
         if "prefill_efficiency" in vals and vals["prefill_efficiency"] > 1:
             problems.append(f"hardware.prefill_efficiency must be in (0, 1], got {vals['prefill_efficiency']}")
+        storage = _get(hw, "storage_read_gbps")
+        if storage is not None and float(storage) <= 0:
+            problems.append(f"hardware.storage_read_gbps must be a positive number, got {storage!r}")
         if problems:
             raise ValueError("; ".join(problems))
         return cls(name=str(_get(hw, "name", "custom")), gpu_memory_gb=float(_get(hw, "gpu_memory_gb", 80.0) or 80.0),
-                   **vals)
+                   storage_read_gbps=float(storage) if storage is not None else None, **vals)
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,8 @@ class PrefillTimeline:
         self._weights_read_s = model.weight_bytes_per_rank / (self.hw.hbm_bandwidth_gbps * GB)
         self._kv_hbm_s_per_token = model.kv_bytes_per_token / (self.hw.hbm_bandwidth_gbps * GB)
         self._h2d_s_per_token = model.kv_bytes_per_token / (self.hw.h2d_gbps * GB)
-        self._storage_s_per_token = model.kv_bytes_per_token * tp / (self.hw.storage_read_gbps * GB)
+        self._storage_s_per_token = (model.kv_bytes_per_token * tp / (self.hw.storage_read_gbps * GB)
+                                     if self.hw.storage_read_gbps else None)
         self._layers = max(1, model.num_hidden_layers)
         self.engine_free_s = 0.0
         # per-request records and running totals
@@ -249,10 +253,12 @@ class PrefillTimeline:
         new = input_tokens - cached
         if new < 1:          # the last token is always computed (it produces the logits)
             new, cached = 1, input_tokens - 1
+        if storage_hit_tokens and self._storage_s_per_token is None:
+            raise ValueError(f"hardware {self.hw.name!r} has no storage_read_gbps, needed to time storage hits")
         start = self.start_time(arrival_s)
         passes = self.compute_seconds(new, cached)
         compute = sum(passes)
-        storage = storage_hit_tokens * self._storage_s_per_token + storage_wait_s
+        storage = (storage_hit_tokens * self._storage_s_per_token if storage_hit_tokens else 0.0) + storage_wait_s
         host = self.exposed_host_load_seconds(host_hit_tokens + storage_hit_tokens, passes[0])
         end = start + storage + host + compute
         self.engine_free_s = end
