@@ -32,7 +32,8 @@ from .fields import NAMESPACES
 from .legacy import Setting, flag_to_field, split_argv
 from .record import FIELDS, ServerArgs
 
-GROUPS = tuple(NAMESPACES) + ("job",)
+# ``job`` and ``hardware`` are composed beside the record (config/hardware.py), not into it.
+GROUPS = tuple(NAMESPACES) + ("job", "hardware")
 
 
 # --------------------------------------------------------------------------- conf/ lookup
@@ -122,6 +123,7 @@ class Command:
     choices: Dict[str, str] = field(default_factory=dict)            # user-selected presets
     settings: List[Setting] = field(default_factory=list)             # typed record settings
     job_settings: List[Tuple[str, Any, str]] = field(default_factory=list)  # (job field, value, source)
+    hardware_settings: List[Tuple[str, Any, str]] = field(default_factory=list)  # (hardware field, value, source)
     hydra_overrides: List[str] = field(default_factory=list)          # overrides only Hydra can apply
     hydra_only: List[str] = field(default_factory=list)               # hydra.* / hydra/... overrides
     problems: List[Problem] = field(default_factory=list)
@@ -187,6 +189,9 @@ def parse_overrides(texts: Sequence[str], cmd: Command, *, allow_sweep: bool = F
         if key.startswith("job."):
             cmd.job_settings.append((key[4:], value, f"override {text}"))
             continue
+        if key.startswith("hardware."):
+            cmd.hardware_settings.append((key[9:], value, f"override {text}"))
+            continue
         name = keys.get(key)
         if name is None:
             cmd.problems.append(Problem(key, None, f"unknown key{_suggest(key, list(keys) + ['job.' ])}", "override"))
@@ -249,6 +254,9 @@ def settings_from_mapping(data: Any, source: str, cmd: Command, *, choices_ok: b
         elif k == "job" and isinstance(v, dict):
             for fk, fv in v.items():
                 cmd.job_settings.append((str(fk), fv, source))
+        elif k == "hardware" and isinstance(v, dict):
+            for fk, fv in v.items():
+                cmd.hardware_settings.append((str(fk), fv, source))
         else:
             _one(k, v, source, cmd, keys, flags)
 
@@ -289,6 +297,7 @@ def build_command(overrides: Sequence[str] = (), argv: Sequence[str] = (), confi
     cmd.choices = {**file_cmd.choices, **cli.choices}
     cmd.settings = file_cmd.settings + cli.settings
     cmd.job_settings = file_cmd.job_settings + cli.job_settings
+    cmd.hardware_settings = file_cmd.hardware_settings + cli.hardware_settings
     cmd.hydra_overrides = cli.hydra_overrides
     cmd.hydra_only = cli.hydra_only
     cmd.sweep = cli.sweep
@@ -319,6 +328,7 @@ class Composed:
     job_name: str
     job: Dict[str, Any]             # the selected job's settings
     problems: List[Problem] = field(default_factory=list)  # found while composing (raise=False)
+    hardware: Any = None            # config.hardware.Hardware: the machine to size for
 
 
 def compose_values(cmd: Command, *, raise_problems: bool = True) -> Composed:
@@ -334,7 +344,7 @@ def compose_values(cmd: Command, *, raise_problems: bool = True) -> Composed:
     job_name = chosen.get("job", "resolve")
     keys = _all_record_keys()
     for group, option in chosen.items():
-        if group == "job":
+        if group in ("job", "hardware"):
             continue
         data, _plain = preset(group, option)
         if data is None:
@@ -358,9 +368,12 @@ def compose_values(cmd: Command, *, raise_problems: bool = True) -> Composed:
         values[s.name] = v
         explicit.add(s.name)
     job = _job_values(job_name, cmd.job_settings, problems)
+    from .hardware import compose_hardware
+    hardware, hw_problems = compose_hardware(chosen.get("hardware"), cmd.hardware_settings)
+    problems += hw_problems
     if problems and raise_problems:
         raise ConfigError(problems)
-    return Composed(values, frozenset(explicit), job_name, job, problems)
+    return Composed(values, frozenset(explicit), job_name, job, problems, hardware)
 
 
 def _apply_namespace(ns: str, data: Dict[str, Any], source: str, keys: Dict[str, str],
@@ -499,6 +512,9 @@ def hydra_override_list(cmd: Command, *, include_hydra: bool = True) -> List[str
     for k, v, _ in cmd.job_settings:
         last[f"job.{k}"] = len(rendered)
         rendered.append(render_override(f"job.{k}", v))
+    for k, v, _ in cmd.hardware_settings:
+        last[f"hardware.{k}"] = len(rendered)
+        rendered.append(render_override(f"hardware.{k}", v))
     keep = set(last.values())
     out += [r for i, r in enumerate(rendered) if i in keep]
     out += cmd.hydra_overrides
@@ -517,7 +533,7 @@ def values_from_cfg(cfg, cmd: Command) -> Composed:
     values = {n: fi.default_value() for n, fi in FIELDS.items()}
     for ns in NAMESPACES:
         _apply_namespace(ns, data.get(ns) or {}, "hydra", keys, values, problems)
-    extra = set(data) - set(NAMESPACES) - {"job", "hydra"}
+    extra = set(data) - set(NAMESPACES) - {"job", "hydra", "hardware"}
     for k in sorted(extra):
         problems.append(Problem(k, None, f"unknown key{_suggest(k, keys)}", "hydra"))
     job = data.get("job") or {}
@@ -539,9 +555,13 @@ def values_from_cfg(cfg, cmd: Command) -> Composed:
             for fk in (settings if isinstance(settings, dict) else ()):
                 if f"{ns}.{fk}" in keys:
                     explicit.add(keys[f"{ns}.{fk}"])
+    from .hardware import compose_hardware
+    hw_data = data.get("hardware") or {}
+    hardware, hw_problems = compose_hardware(hw_data.get("name"), preset_data=hw_data)
+    problems += hw_problems
     if problems:
         raise ConfigError(problems)
-    return Composed(values, frozenset(explicit), job_name, dict(job))
+    return Composed(values, frozenset(explicit), job_name, dict(job), hardware=hardware)
 
 
 def compose_with_hydra(cmd: Command) -> Composed:

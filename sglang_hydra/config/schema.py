@@ -53,6 +53,8 @@ SCHEMAS: Dict[str, type] = {ns: _schema_class(ns, cls) for ns, cls in NAMESPACES
 def _root_class() -> type:
     specs = [(ns, sc, dataclasses.field(default_factory=sc)) for ns, sc in SCHEMAS.items()]
     specs.append(("job", Any, dataclasses.field(default=None)))
+    from .hardware import Hardware  # composed beside the record, typed like it
+    specs.append(("hardware", Hardware, dataclasses.field(default_factory=Hardware)))
     return dataclasses.make_dataclass("ServerArgsSchema", specs)
 
 

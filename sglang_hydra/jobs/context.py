@@ -6,7 +6,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 
 @dataclass
@@ -14,6 +14,7 @@ class JobContext:
     output_dir: Optional[Path] = None     # Hydra's run/sweep job dir (None: create lazily)
     multirun: bool = False
     overrides: tuple = ()                 # the overrides that define this job (for summaries)
+    hardware: Any = None                  # config.hardware.Hardware to size for (None: local)
     _made: bool = field(default=False, repr=False)
 
     def out_dir(self) -> Path:

@@ -18,7 +18,7 @@ def run(record, job: dict, ctx: JobContext) -> dict:
     from ..memory import MemorySetupError, build_memory, verify
 
     try:
-        memory = build_memory(record, progress=job.get("progress", True))
+        memory = build_memory(record, progress=job.get("progress", True), hardware=ctx.hardware)
     except MemorySetupError as exc:
         raise _as_config_error(exc) from None
     try:

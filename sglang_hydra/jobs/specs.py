@@ -82,7 +82,6 @@ class CalibrateJob:
     name: str = "calibrate"
     device: str = "cuda"                 # cuda | cpu (cpu: a rehearsal with tiny shapes, not a calibration)
     preset_name: Optional[str] = None    # name of the written preset (default: calibrated_<gpu>)
-    base: Optional[str] = None           # hardware preset whose other fields are kept (default: hardware=)
     repeats: int = 5
     format: str = "table"                # table | json
 
@@ -93,6 +92,14 @@ OBJECTIVES: Dict[str, str] = {
     "ttft_mean_ms": "minimize", "token_hit_rate": "maximize", "block_hit_rate": "maximize",
     "prefill_throughput": "maximize", "host_memory_gb": "minimize",
 }
+
+
+@dataclass
+class PlanJob:
+    """Print the memory plan for the selected hardware, allocating nothing."""
+
+    name: str = "plan"
+    format: str = "table"                # table | json
 
 
 @dataclass(frozen=True)
@@ -112,4 +119,5 @@ JOB_SPECS: Dict[str, JobSpec] = {
         "device": ("cuda", "cpu"), "format": ("table", "json")}),
     "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd:run_side"),
     "pd_pair": JobSpec(PdPairJob, "sglang_hydra.jobs.pd:run_pair", {"format": ("table", "json")}),
+    "plan": JobSpec(PlanJob, "sglang_hydra.jobs.plan:run", {"format": ("table", "json")}),
 }

@@ -73,15 +73,23 @@ def make_transfer(device_pool: DeviceKVPool, host_pool: HostKVPool, io: str,
 
 
 def build_memory(record: Any, device: Optional[str] = None, *, progress: bool = False,
-                 host_memory=None, strict_io: bool = True, plan: Optional[MemoryPlan] = None) -> KVMemory:
+                 host_memory=None, strict_io: bool = True, plan: Optional[MemoryPlan] = None,
+                 hardware: Any = None) -> KVMemory:
     """Plan from ``record`` (all checks first), then allocate the pools.
 
-    ``device`` overrides ``record.device``; ``host_memory`` (a
-    :class:`sglang_hydra.hostmem.HostMemoryInfo`) replaces the live probe; ``progress``
-    shows a bar while buffers are zeroed.
+    ``device`` overrides ``record.device``; ``hardware`` must be ``local`` (None) because
+    the pools are allocated on this machine, but its stated fields apply
+    (``hardware.host_memory_gb=16``); ``host_memory`` (a
+    :class:`sglang_hydra.memory.hostmem.HostMemoryInfo`) replaces any host reading;
+    ``progress`` shows a bar while buffers are zeroed.
     """
+    if hardware is not None and not hardware.is_local:
+        from ..config.errors import ConfigError, Problem
+        raise ConfigError([Problem("hardware", None,
+                                   f"hardware={hardware.name} describes another machine, but this job allocates "
+                                   "its KV pools here; use job=plan to size for it, or hardware=local", "setup")])
     if plan is None:
-        plan = make_plan(record, device, host_memory=host_memory, strict_io=strict_io)
+        plan = make_plan(record, device, hardware=hardware, host_memory=host_memory, strict_io=strict_io)
     from .geometry import kv_geometry
     geo = kv_geometry(record)
     bar = _bar(plan.total_bytes, "allocating KV pools", progress)

@@ -8,6 +8,7 @@ anything.  Conventions: ``L`` layers held by this rank, ``H`` KV heads on this r
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from .errors import setup_error
@@ -164,8 +165,43 @@ def kv_heads_per_rank(num_kv_heads: int, tp_size: int = 1, dcp_size: int = 1) ->
     return max(1, int(num_kv_heads) // max(1, tp // dcp))
 
 
-def kv_geometry(record: Any) -> KVGeometry:
-    """The rank-local KV geometry the record describes."""
+#: geometry fields; any of them set explicitly (or by a chosen model preset) states the geometry
+GEOMETRY_FIELDS = ("num_hidden_layers", "num_key_value_heads", "head_dim", "attention_arch", "kv_lora_rank")
+
+
+def model_presets() -> Tuple[str, ...]:
+    from ..config.compose import group_options
+    return tuple(group_options("model"))
+
+
+def check_geometry_known(record: Any) -> None:
+    """Refuse a ``model_path`` whose KV geometry nobody stated.
+
+    The geometry comes from a model preset, from ``config.json`` in a checkpoint directory,
+    or from geometry fields set explicitly (``model=llama3_8b model.model_path=<any name>``
+    keeps the preset's).  Anything else would silently fall back to the tiny defaults, so
+    jobs that size or move KV (setup, replay, PD, plan) stop here; ``job=resolve`` does not.
+    """
+    path = str(getattr(record, "model_path", "") or "")
+    if path in model_presets():
+        return
+    p = Path(path)
+    if p.is_dir() and (p / "config.json").is_file():
+        return
+    is_explicit = getattr(record, "is_explicit", None)
+    if callable(is_explicit) and any(is_explicit(f) for f in GEOMETRY_FIELDS):
+        return
+    raise setup_error("model_path",
+                      f"{path!r} is neither a model preset nor a local directory with a config.json, so its KV "
+                      f"geometry is unknown; choose a preset with model=<name> ({', '.join(model_presets())}), or "
+                      "point model.model_path at a checkpoint directory that holds config.json")
+
+
+def kv_geometry(record: Any, *, require_known: bool = False) -> KVGeometry:
+    """The rank-local KV geometry the record describes (``require_known``: see
+    :func:`check_geometry_known`)."""
+    if require_known:
+        check_geometry_known(record)
     g = lambda name, default=None: getattr(record, name, default)  # noqa: E731
     arch = (g("attention_arch", "mha") or "mha").lower()
     page_size = int(g("page_size", 1) or 1)
@@ -188,5 +224,5 @@ def kv_geometry(record: Any) -> KVGeometry:
     return KVGeometry("mha", layers, heads, d, dv, 0, 0, page_size, dtype, store, ITEMSIZE[store])
 
 
-__all__ = ["KVGeometry", "kv_geometry", "kv_dtype_name", "local_layers", "kv_heads_per_rank",
+__all__ = ["KVGeometry", "kv_geometry", "check_geometry_known", "model_presets", "GEOMETRY_FIELDS", "kv_dtype_name", "local_layers", "kv_heads_per_rank",
            "MHA_LAYOUTS", "MLA_LAYOUTS", "ITEMSIZE", "BYTE_STORED"]

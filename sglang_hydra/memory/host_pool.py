@@ -37,6 +37,55 @@ _TO_CANONICAL = {
 }
 
 
+def _cudart():
+    """The CUDA runtime bindings torch ships (a function so tests can stand one in)."""
+    return torch.cuda.cudart()
+
+
+class PinnedHostBuffer:
+    """An exact-size host buffer page-locked with ``cudaHostRegister``.
+
+    ``torch.empty(..., pin_memory=True)`` goes through torch's caching host allocator,
+    which rounds every block up to a power of two: a 33 GiB host pool would lock 64 GiB.
+    Like the reference (anonymous mmap, then ``cudaHostRegister``), this maps exactly
+    ``nbytes`` and registers exactly that range, so what the plan says is what is pinned.
+    """
+
+    def __init__(self, shape, dtype: torch.dtype, *, bar=None):
+        import mmap
+
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        self.nbytes = numel * itemsize
+        self._map = mmap.mmap(-1, max(self.nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        raw = torch.frombuffer(self._map, dtype=torch.uint8, count=self.nbytes) if self.nbytes else \
+            torch.empty(0, dtype=torch.uint8)
+        self.tensor = raw.view(dtype).view(tuple(shape))
+        step = 256 << 20
+        for start in range(0, self.nbytes, step):   # touch every page: the memory is really there
+            raw[start:start + step].zero_()
+            if bar is not None:
+                bar.update(min(step, self.nbytes - start))
+        self.ptr = raw.data_ptr()
+        self.registered = False
+        if self.nbytes:
+            rc = _cudart().cudaHostRegister(self.ptr, self.nbytes, 0)
+            code = int(getattr(rc, "value", rc))
+            if code != 0:
+                raise RuntimeError(f"cudaHostRegister of {self.nbytes:,} host bytes failed (CUDA error {code}); "
+                                   "the host KV tier cannot be pinned, reduce --hicache-size / --hicache-ratio")
+            self.registered = True
+
+    def release(self) -> None:
+        """Unregister (idempotent); the mapping goes when the last tensor view does."""
+        if self.registered:
+            _cudart().cudaHostUnregister(self.ptr)
+            self.registered = False
+        self.tensor = None
+
+
 class HostKVPool:
     """Host copy of KV pages in ``layout``; ``size`` tokens = ``page_num`` whole pages."""
 
@@ -58,20 +107,40 @@ class HostKVPool:
         self.size_per_token = geometry.bytes_per_token
         self.kv_buffer: Optional[torch.Tensor] = None
         self.buffers: Dict[str, torch.Tensor] = {}
-        if geometry.symmetric:
-            shape = self.shapes["k"]
-            self.kv_buffer = allocate_zeroed((2,) + tuple(shape), self.store_dtype, "cpu",
-                                             pin_memory=self.pin_memory, bar=bar)
-            self.buffers = {"k": self.kv_buffer[0], "v": self.kv_buffer[1]}
-        else:
-            for name, shape in self.shapes.items():
-                self.buffers[name] = allocate_zeroed(shape, self.store_dtype, "cpu",
-                                                     pin_memory=self.pin_memory, bar=bar)
+        self._pinned: List[PinnedHostBuffer] = []
+        try:
+            if geometry.symmetric:
+                shape = self.shapes["k"]
+                self.kv_buffer = self._allocate((2,) + tuple(shape), bar)
+                self.buffers = {"k": self.kv_buffer[0], "v": self.kv_buffer[1]}
+            else:
+                for name, shape in self.shapes.items():
+                    self.buffers[name] = self._allocate(shape, bar)
+        except BaseException:
+            self._release_pinned()
+            raise
             if geometry.is_mla:
                 self.kv_buffer = self.buffers.get("kv", self.buffers.get("k"))
         self._lock = threading.RLock()
         self.closed = False
         self.clear()
+
+    def _allocate(self, shape, bar) -> torch.Tensor:
+        if not self.pin_memory:
+            return allocate_zeroed(shape, self.store_dtype, "cpu", bar=bar)
+        buf = PinnedHostBuffer(shape, self.store_dtype, bar=bar)
+        self._pinned.append(buf)
+        return buf.tensor
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes page-locked for this pool (exactly the buffers' bytes when pinned)."""
+        return sum(b.nbytes for b in self._pinned if b.registered)
+
+    def _release_pinned(self) -> None:
+        for b in self._pinned:
+            b.release()
+        self._pinned = []
 
     # ---- shape helpers -----------------------------------------------------------------
     @property
@@ -160,6 +229,7 @@ class HostKVPool:
     def close(self) -> None:
         self.buffers = {}
         self.kv_buffer = None
+        self._release_pinned()
         self.closed = True
 
 

@@ -21,7 +21,7 @@ MODEL_CONFIG = {
 
 # flag -> values to draw from; None means a store_true flag.
 HICACHE_FLAGS: Dict[str, Any] = {
-    "--hicache-ratio": ["0.5", "1", "2", "3.5"],
+    "--hicache-ratio": ["1", "1.5", "2", "3.5"],  # below 1 with HiCache fails at resolve here (M-SZ)
     "--hicache-size": ["0", "1", "8"],
     "--hicache-host-memory-fraction": ["0.5", "0.8", "1.0", "0", "1.5"],
     "--hicache-host-memory-mode": ["cache", "buffer_only"],

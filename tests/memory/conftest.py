@@ -1,7 +1,7 @@
 """Shared helpers for the memory tests."""
 import pytest
 
-from sglang_hydra.hostmem import HostMemoryInfo
+from sglang_hydra.memory.hostmem import HostMemoryInfo
 
 GiB = 1024 ** 3
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from sglang_hydra import hostmem
+from sglang_hydra.memory import hostmem
 from sglang_hydra.memory.errors import MemorySetupError
 
 GiB = 1024 ** 3
@@ -30,7 +30,7 @@ V1_MOUNT = "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,me
 
 
 def test_imports_stay_torch_free():
-    code = ("import sys; import sglang_hydra.hostmem, sglang_hydra.memory.geometry, sglang_hydra.memory.errors;"
+    code = ("import sys; import sglang_hydra.memory.hostmem, sglang_hydra.memory.geometry, sglang_hydra.memory.errors;"
             "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

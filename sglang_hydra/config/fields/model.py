@@ -45,3 +45,15 @@ class Model:
         choices=("none", "swa", "pure_swa", "mamba"), hydra_only=True)
     model_type: str = arg("llama", "HF model_type, as in config.json.", hydra_only=True)
     max_position_embeddings: int = arg(4096, "The model's own context limit.", hydra_only=True, ge=1)
+    # --- size (no legacy flags): what a plan for a target GPU subtracts as weights, and what
+    # compute estimates need.  From the preset, or config.json for a checkpoint directory.
+    # Defaults are model=tiny's (the default preset equals the field defaults); a checkpoint
+    # directory replaces them, with None where its config.json cannot say.
+    num_parameters: Optional[int] = arg(
+        4219200, "Parameters of the whole model (all experts); with dtype it gives the weight bytes "
+        "a target GPU holds before the KV pool. Unset: unknown (plans for hardware presets need it).",
+        hydra_only=True, ge=1)
+    hidden_size: Optional[int] = arg(64, "Width of the residual stream (config.json hidden_size).",
+                                     hydra_only=True, ge=1)
+    num_attention_heads: Optional[int] = arg(4, "Query heads of the whole model (config.json "
+                                             "num_attention_heads).", hydra_only=True, ge=1)

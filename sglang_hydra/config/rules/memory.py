@@ -26,6 +26,29 @@ def hicache_ratio_default(cfg: Resolving) -> None:
         cfg.declare(**out)
 
 
+@rule(52, "M-SZ")
+def sizes_that_can_work(cfg: Resolving) -> None:
+    """Pool sizes that no machine could honour fail here, when the record is resolved,
+    rather than later when memory is allocated (the reference accepts them silently)."""
+    ratio = cfg.hicache_ratio
+    if ratio is not None and ratio <= 0:
+        cfg.error("hicache_ratio", f"{ratio!r} gives an empty host tier; the ratio (host tier / device pool) "
+                  "must be greater than 0")
+    elif (ratio is not None and ratio < 1 and cfg.enable_hierarchical_cache and cfg.hicache_size <= 0
+          and cfg.hicache_host_memory_mode == "cache"):
+        cfg.error("hicache_ratio", f"{ratio!r} makes the host tier smaller than the device pool, but HiCache in "
+                  "'cache' host memory mode keeps a host copy of the pages it writes from the device pool, so "
+                  "the host tier must be at least as large: give a ratio >= 1 (or --hicache-size in GB); only "
+                  "buffer_only mode and a decode server's backup-only host pool may be smaller")
+    if cfg.hicache_size < 0:
+        cfg.error("hicache_size", f"{cfg.hicache_size!r} is negative; give the host tier in GB (>= 1), or 0 to "
+                  "size it with --hicache-ratio")
+    mtt, ps = cfg.max_total_tokens, cfg.page_size or 1
+    if mtt is not None and mtt < ps:
+        cfg.error("max_total_tokens", f"{mtt!r} is smaller than one page ({ps} tokens, --page-size), which leaves "
+                  f"a device pool of 0 pages; give at least {ps} tokens (a multiple of the page size)")
+
+
 def _host_tier_on(cfg: Resolving) -> bool:
     return bool(cfg.enable_hierarchical_cache or cfg.disaggregation_decode_enable_offload_kvcache
                 or (cfg.mode == "decode" and cfg.disaggregation_decode_retraction_backup in (None, "host_pool")))

@@ -19,6 +19,8 @@ _HF_KEYS = {
     "qk_rope_head_dim": "qk_rope_head_dim",
     "max_position_embeddings": "max_position_embeddings",
     "model_type": "model_type",
+    "hidden_size": "hidden_size",
+    "num_attention_heads": "num_attention_heads",
 }
 _RADIX_SAFE_DETERMINISTIC = ("ascend", "fa3", "fa4", "triton")
 _RADIX_OFF_ARCHS = {
@@ -55,6 +57,11 @@ def geometry_from_checkpoint(cfg: Resolving) -> None:
         found["num_key_value_heads"] = text["num_attention_heads"]
     if "head_dim" not in found and text.get("hidden_size") and text.get("num_attention_heads"):
         found["head_dim"] = text["hidden_size"] // text["num_attention_heads"]
+    from ..model_size import estimate_num_parameters
+    # None where config.json cannot say: the tiny defaults must not pass for this model's size
+    found["num_parameters"] = estimate_num_parameters(text)
+    for key in ("hidden_size", "num_attention_heads"):
+        found.setdefault(key, None)
     archs = hf.get("architectures") or []
     if archs:
         found["architecture"] = archs[0]

@@ -76,18 +76,36 @@ def _stat_fields(path: str) -> Dict[str, int]:
     return out
 
 
-def meminfo_available_bytes(proc_root: str = "/proc") -> int:
-    """MemAvailable from ``<proc_root>/meminfo``; falls back to free pages via sysconf."""
+def _meminfo_bytes(proc_root: str, key: str) -> Optional[int]:
     try:
         for line in _read_text(os.path.join(proc_root, "meminfo")).splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(key + ":"):
                 parts = line.split()
                 scale = 1024 if len(parts) > 2 and parts[2].lower() == "kb" else 1
                 return int(parts[1]) * scale
     except OSError:
         pass
+    return None
+
+
+def meminfo_available_bytes(proc_root: str = "/proc") -> int:
+    """MemAvailable from ``<proc_root>/meminfo``; falls back to free pages via sysconf."""
+    found = _meminfo_bytes(proc_root, "MemAvailable")
+    if found is not None:
+        return found
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - exotic platforms
+        return 0
+
+
+def meminfo_total_bytes(proc_root: str = "/proc") -> int:
+    """MemTotal from ``<proc_root>/meminfo``; falls back to physical pages via sysconf."""
+    found = _meminfo_bytes(proc_root, "MemTotal")
+    if found is not None:
+        return found
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):  # pragma: no cover - exotic platforms
         return 0
 
@@ -338,6 +356,25 @@ def probe_host_memory(proc_root: str = "/proc", cgroup_root: str = "",
                           tight.path, list(limits))
 
 
+def host_capacity_bytes(proc_root: str = "/proc", cgroup_root: str = "") -> Tuple[int, str]:
+    """(bytes, why): how much RAM this process could ever get, whatever else is running.
+
+    The smaller of MemTotal and the tightest cgroup *limit* (not headroom), so the answer
+    does not move when other processes allocate.  Sizing that must not depend on momentary
+    free memory (CPU runs, ``hardware=local`` without a GPU) uses this.
+    """
+    total = meminfo_total_bytes(proc_root)
+    try:
+        limits = cgroup_memory_limits(proc_root, cgroup_root) or []
+    except (OSError, RuntimeError) as exc:
+        return total, f"MemTotal {total / GiB:.1f} GiB (cgroup not readable: {exc})"
+    if limits:
+        tight = min(limits, key=lambda c: c.limit)
+        if tight.limit < total:
+            return tight.limit, f"cgroup limit {tight.limit / GiB:.1f} GiB at {tight.path}"
+    return total, f"MemTotal {total / GiB:.1f} GiB"
+
+
 def available_host_memory_bytes(proc_root: str = "/proc", cgroup_root: str = "",
                                 allow_cgroup_fallback: bool = True) -> int:
     return probe_host_memory(proc_root, cgroup_root, allow_cgroup_fallback).available
@@ -402,6 +439,6 @@ def check_host_request(requested_bytes: int, available_bytes: int, field_name: s
 __all__ = [
     "GiB", "GB", "HICACHE_HOST_MEMORY_RESERVE_BYTES", "ALLOCATION_SLACK_FRACTION",
     "CgroupLimit", "HostMemoryInfo", "meminfo_available_bytes", "cgroup_memory_limits",
-    "probe_host_memory", "available_host_memory_bytes", "ranks_per_host",
+    "probe_host_memory", "available_host_memory_bytes", "meminfo_total_bytes", "host_capacity_bytes", "ranks_per_host",
     "host_memory_budget_bytes", "auto_size_ratio", "host_pool_tokens", "check_host_request",
 ]

@@ -1,0 +1,122 @@
+"""``hardware``: the machine a plan is sized for, composed *beside* the flat record.
+
+The record says what the server is (model, memory settings ...); the hardware says where
+it would run.  Keeping the two apart lets one record be planned for several machines
+(``-m hardware=h100_80gb,h200_141gb``) without touching any server setting, and keeps
+machine facts (HBM size, PCIe rates) out of ``ServerArgs``, which mirrors the reference
+engine's flags.
+
+Presets live in ``conf/hardware/*.yaml`` and cite their vendor sources.  ``local`` is this
+machine: its fields are left null and read live when a plan is made
+(:func:`sglang_hydra.memory.target.resolve_target`); any field set explicitly, e.g.
+``hardware.host_memory_gb=16``, wins over the live reading.  Pure Python (no torch).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from .errors import Problem
+from .spec import arg, arg_of
+
+LOCAL = "local"
+
+
+@dataclass
+class Hardware:
+    """One GPU machine, as far as KV sizing and what-if timing need it (GB = 1e9 bytes)."""
+
+    name: str = arg(LOCAL, "Preset name; 'local' is this machine, read live where a field is null.")
+    gpu_memory_gb: Optional[float] = arg(None, "Usable device memory (HBM) per GPU, in GB (1e9 B).", gt=0.0)
+    hbm_bandwidth_gbps: Optional[float] = arg(None, "Device memory bandwidth per GPU, GB/s.", gt=0.0)
+    bf16_tflops: Optional[float] = arg(None, "Dense BF16 tensor throughput per GPU, TFLOP/s (no sparsity).", gt=0.0)
+    prefill_efficiency: float = arg(
+        0.5, "Share of the dense BF16 peak a prefill reaches (an assumption, not a spec figure).",
+        gt=0.0, le=1.0)
+    h2d_gbps: Optional[float] = arg(None, "Host-to-device copy rate per GPU, GB/s (one direction).", gt=0.0)
+    d2h_gbps: Optional[float] = arg(None, "Device-to-host copy rate per GPU, GB/s (one direction).", gt=0.0)
+    host_memory_gb: Optional[float] = arg(
+        None, "Host RAM per node in GB (1e9 B); the host KV tier is sized against it.", gt=0.0)
+    storage_read_gbps: Optional[float] = arg(None, "Local storage read rate per node, GB/s.", gt=0.0)
+    storage_write_gbps: Optional[float] = arg(None, "Local storage write rate per node, GB/s.", gt=0.0)
+    gpus_per_node: Optional[int] = arg(None, "GPUs in one node (they share its host RAM).", ge=1)
+    source: str = arg("", "Where the numbers come from (vendor pages, datasheets).")
+
+    @property
+    def is_local(self) -> bool:
+        return self.name == LOCAL
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+HARDWARE_FIELDS: Tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Hardware))
+
+
+def _field_infos():
+    from .record import FieldInfo
+
+    hints = typing.get_type_hints(Hardware)
+    return {f.name: FieldInfo(f.name, "hardware", hints[f.name], f.default, f.default_factory, arg_of(f))
+            for f in dataclasses.fields(Hardware)}
+
+
+def hardware_options() -> List[str]:
+    """The presets in ``conf/hardware``."""
+    from .compose import group_options
+
+    return group_options("hardware")
+
+
+def _suggest(word: str, candidates: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def compose_hardware(option: Optional[str], settings: Iterable[Tuple[str, Any, str]] = (),
+                     preset_data: Optional[Dict[str, Any]] = None) -> Tuple[Hardware, List[Problem]]:
+    """The hardware for ``hardware=<option>`` plus ``hardware.<field>=value`` settings.
+
+    Every value goes through the record's own type and bound checks; unknown presets and
+    fields are problems (listing what exists), never exceptions.  ``preset_data`` replaces
+    reading ``conf/hardware/<option>.yaml`` (the Hydra composer hands over its own tree).
+    """
+    problems: List[Problem] = []
+    infos = _field_infos()
+    values: Dict[str, Any] = {n: fi.default_value() for n, fi in infos.items()}
+    option = option or LOCAL
+    if preset_data is None:
+        from .compose import preset
+
+        data, _plain = preset("hardware", option)
+        if data is None:
+            opts = hardware_options()
+            problems.append(Problem("hardware", None, f"no hardware preset '{option}'; available: "
+                                    f"{', '.join(opts)}{_suggest(option, opts)}", "preset"))
+            data = {}
+        preset_data = (data or {}).get("hardware", {}) if isinstance(data, dict) else {}
+        if not isinstance(preset_data, dict):
+            problems.append(Problem("hardware", None, f"preset hardware/{option} must map fields to values", "preset"))
+            preset_data = {}
+    values["name"] = option
+    items = [(k, v, f"preset hardware/{option}") for k, v in preset_data.items()] + list(settings)
+    from .coerce import coerce
+
+    for key, value, source in items:
+        fi = infos.get(key)
+        if fi is None:
+            problems.append(Problem(f"hardware.{key}", None, f"unknown hardware field{_suggest(key, infos)}; "
+                                    f"fields: {', '.join(HARDWARE_FIELDS)}", source))
+            continue
+        v, err = coerce(fi, value)
+        if err:
+            problems.append(Problem(f"hardware.{key}", None, f"{err} ({fi.arg.help})", source))
+            continue
+        values[key] = v
+    return Hardware(**values), problems
+
+
+__all__ = ["Hardware", "HARDWARE_FIELDS", "LOCAL", "compose_hardware", "hardware_options"]
