@@ -22,14 +22,33 @@ GiB = 1024 ** 3
 GB = 1e9
 
 
+_TRACE_CACHE: Dict[tuple, Any] = {}
+
+
+def _cached_trace(path, on_bad_line: str):
+    """Sweep points in one process (basic launcher, Optuna) parse the same trace once."""
+    from pathlib import Path
+    from ..workload.trace import load_trace
+    key = (str(path), on_bad_line)
+    try:
+        st = Path(path).stat() if path else None
+        key += ((st.st_mtime_ns, st.st_size) if st else (None,))
+    except OSError:
+        return load_trace(path, on_bad_line=on_bad_line)   # its own error names the file
+    if key not in _TRACE_CACHE:
+        _TRACE_CACHE.clear()
+        _TRACE_CACHE[key] = load_trace(path, on_bad_line=on_bad_line)
+    return _TRACE_CACHE[key]
+
+
 def load_requests(job: dict):
-    from ..workload.trace import TraceError, load_trace
+    from ..workload.trace import TraceError
     if job.get("workload") == "synthetic":
         from ..workload.synthetic import generate_conversations
         return generate_conversations(seed=job.get("seed", 0), conversations=job.get("conversations", 200),
                                       turns=job.get("turns", 6))
     try:
-        return load_trace(job.get("trace"), on_bad_line=job.get("on_bad_line", "fail"))
+        return _cached_trace(job.get("trace"), job.get("on_bad_line", "fail"))
     except TraceError as exc:
         raise ConfigError([Problem("job.trace", None, str(exc), "trace")]) from None
     except FileNotFoundError as exc:
@@ -76,21 +95,42 @@ def time_device_hits(timeline, reqs, hit_tokens: List[int], time_scale: float = 
         serve(r.timestamp * scale, r.input_length, h, 0, 0)
 
 
-def host_memory_bytes(record, hardware) -> Tuple[int, str]:
+def memory_plan(record, hardware):
+    """The memory plan for ``record`` on ``hardware`` (nothing allocated; bad sizes are config errors)."""
+    from ..memory.errors import MemorySetupError
+    from ..memory.plan import make_plan
+
+    try:
+        return make_plan(record, hardware=hardware, check_io=False)
+    except MemorySetupError as exc:
+        raise ConfigError(exc.problems) from None
+    except ValueError as exc:  # an unknown weight dtype and the like
+        raise ConfigError([Problem("model", None, str(exc), "plan")]) from None
+
+
+def host_memory_bytes(record, plan) -> Tuple[int, str]:
     """Host KV memory the configuration uses, from the memory plan; (bytes, how it was sized)."""
     if not getattr(record, "enable_hierarchical_cache", False):
         return 0, "HiCache off: no host KV tier"
-    from ..memory.geometry import kv_geometry
+    return int(plan.host_bytes), plan.host_budget_reason
 
-    bpt = kv_geometry(record).bytes_per_token
-    size_gb = getattr(record, "hicache_size", 0) or 0
-    if size_gb:
-        return int(size_gb * GiB), f"hicache_size {size_gb} GB"
-    tokens = getattr(record, "max_total_tokens", None)
-    if not tokens:
-        return 0, "device pool size unknown (set schedule.max_total_tokens)"
-    ratio = float(getattr(record, "hicache_ratio", None) or 2.0)
-    return int(ratio * int(tokens) * bpt), f"hicache_ratio {ratio:g} x {int(tokens):,} device tokens"
+
+class _SizedRecord:
+    """The record with the device pool the plan sized for the target hardware."""
+
+    def __init__(self, record, max_total_tokens: int):
+        self._record = record
+        self.max_total_tokens = max_total_tokens
+
+    def __getattr__(self, name):
+        return getattr(self._record, name)
+
+
+def sized_for_target(record, hardware, plan):
+    """A preset hardware sizes the device pool when the record does not (``max_total_tokens``)."""
+    if getattr(record, "max_total_tokens", None) or hardware is None or getattr(hardware, "is_local", True):
+        return record
+    return _SizedRecord(record, int(plan.device_tokens))
 
 
 def _trace_name(job: dict) -> str:
@@ -118,6 +158,8 @@ def run(record, job: dict, ctx: JobContext) -> float:
     objective = job.get("objective") or "ttft_p90_ms"
     direction = objective_direction(objective)
     hardware = getattr(ctx, "hardware", None)
+    plan = memory_plan(record, hardware)
+    record = sized_for_target(record, hardware, plan)
     timeline, no_ttft = make_timeline(record, hardware)
     time_scale = float(job.get("time_scale", 1.0) or 1.0)
     if time_scale <= 0:
@@ -159,7 +201,8 @@ def run(record, job: dict, ctx: JobContext) -> float:
     else:
         data["ttft_model"] = f"off: {no_ttft}"
     _tier_rates(data)
-    host_bytes, host_why = host_memory_bytes(record, hardware)
+    host_bytes, host_why = host_memory_bytes(record, plan)
+    data["device_tokens"] = int(getattr(record, "max_total_tokens", None) or plan.device_tokens)
     data["host_memory_bytes"] = host_bytes
     data["host_memory_gb"] = host_bytes / GB
     data["host_memory_sized_by"] = host_why

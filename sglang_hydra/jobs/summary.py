@@ -28,6 +28,9 @@ from .context import atomic_write
 LEAD_METRICS = ("objective", "objective_value", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_mean_ms",
                 "token_hit_rate", "device_hit_rate", "host_hit_rate", "storage_hit_rate", "host_memory_gb",
                 "host_memory_bytes", "prefill_throughput", "engine_busy_share")
+#: statuses of points that did not give a result (listed in failed.csv, marked in the plots);
+#: ``no_objective`` points (no TTFT without hardware figures) still have their hit rates
+FAILED_STATES = ("failed", "infeasible")
 #: overrides that describe the setting rather than a swept dimension
 _CONTEXT_KEYS = ("model", "hardware", "job", "job.trace", "hydra/launcher", "hydra/sweeper")
 
@@ -125,14 +128,15 @@ def write_summary(sweep_dir: Path, *, plots: bool = True) -> List[Dict[str, Any]
     if not rows:
         return rows
     metric_keys: List[str] = [k for k in LEAD_METRICS if any(k in r for r in rows)]
+    fixed = {k for r in rows for k in r["_overrides"]}     # overrides every point shares: not a column
     for r in rows:
         for k, v in r.items():
             if (k not in ("run", "status", "error", "exit_code", "_overrides") and k not in swept
-                    and k not in metric_keys and not isinstance(v, (dict, list))):
+                    and k not in fixed and k not in metric_keys and not isinstance(v, (dict, list))):
                 metric_keys.append(k)
     cols = ["run", "status"] + swept + metric_keys + ["error"]
     atomic_write(sweep_dir / "summary.csv", _csv(rows, cols))
-    failed = [r for r in rows if r["status"] != "ok"]
+    failed = [r for r in rows if r["status"] in FAILED_STATES]
     fpath = sweep_dir / "failed.csv"
     if failed:
         fcols = ["run", "status", "exit_code", "error", "overrides"]
@@ -269,7 +273,7 @@ _METRIC_LABEL = {
 
 
 def _best(rows, metric: str, direction: str):
-    ok = [r for r in rows if r.get("status") == "ok" and _num(r.get(metric)) is not None]
+    ok = [r for r in rows if r.get("status") not in FAILED_STATES and _num(r.get(metric)) is not None]
     if not ok:
         return None
     pick = min if direction == "minimize" else max
@@ -302,22 +306,23 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
     groups = _series(rows, x_key, cats)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.8), squeeze=False)
-    failed = [r for r in rows if r.get("status") != "ok"]
+    failed = [r for r in rows if r.get("status") in FAILED_STATES]
     headline = ""
     for ax, metric in zip(axes[0], panels):
         name, unit, scale = _METRIC_LABEL.get(metric, (metric, "", 1.0))
         for gi, (label, pts) in enumerate(groups.items()):
             c = colors[gi % len(colors)]
-            ok = [(x, _num(r.get(metric))) for x, r in pts if r.get("status") == "ok" and _num(r.get(metric)) is not None]
+            ok = [(x, _num(r.get(metric))) for x, r in pts
+                  if r.get("status") not in FAILED_STATES and _num(r.get(metric)) is not None]
             style = "-o" if len(ok) <= 12 else "o"
             if ok:
                 ax.plot([x for x, _ in ok], [y * scale for _, y in ok], style, color=c, label=label, ms=5)
             if metric == "token_hit_rate":
                 dev = [(x, _num(r.get("device_hit_rate"))) for x, r in pts
-                       if r.get("status") == "ok" and _num(r.get("device_hit_rate")) is not None]
+                       if r.get("status") not in FAILED_STATES and _num(r.get("device_hit_rate")) is not None]
                 if dev and any(_num(r.get("host_hit_rate")) or _num(r.get("storage_hit_rate")) for _, r in pts):
                     ax.plot([x for x, _ in dev], [y * scale for _, y in dev], "--", color=c, alpha=0.8, lw=1.2)
-            bad = [(x, r) for x, r in pts if r.get("status") != "ok"]
+            bad = [(x, r) for x, r in pts if r.get("status") in FAILED_STATES]
             for x, r in bad:
                 ax.axvline(x, color="red", alpha=0.25, lw=6) if x_key else None
         if metric != "token_hit_rate" or objective == "token_hit_rate":

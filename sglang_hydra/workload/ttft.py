@@ -90,7 +90,7 @@ class ModelShape:
     head_dim: int
     kv_bytes_per_token: int       # KV bytes of one token on one rank, all layers
     tp_size: int = 1
-    weight_bytes_per_param: float = 2.0   # bf16 weights
+    weight_bytes_per_param: float = 2.0   # bf16 weights (fp8 checkpoints: 1)
 
     @property
     def weight_bytes_per_rank(self) -> float:
@@ -113,10 +113,13 @@ class ModelShape:
         if problems:
             raise ValueError("; ".join(problems))
         geo = kv_geometry(record)
+        from ..memory.weights import WEIGHT_ITEMSIZE, weight_dtype
+        wdtype = weight_dtype(record)[0]
         head_dim = int(_get(record, "head_dim") or geo.head_dim)
         return cls(num_parameters=float(params), num_hidden_layers=int(_get(record, "num_hidden_layers")),
                    num_attention_heads=int(heads), head_dim=head_dim,
-                   kv_bytes_per_token=int(geo.bytes_per_token), tp_size=max(1, int(_get(record, "tp_size", 1) or 1)))
+                   kv_bytes_per_token=int(geo.bytes_per_token), tp_size=max(1, int(_get(record, "tp_size", 1) or 1)),
+                   weight_bytes_per_param=WEIGHT_ITEMSIZE.get(str(wdtype).lower(), 2.0))
 
 
 def default_chunk_tokens(record: Any, hardware: HardwareSpec) -> Optional[int]:
