@@ -97,7 +97,7 @@ def main(argv=None):
             tree = RadixTree(cap, pol)
             for i, k in enumerate(keys):
                 tree.serve(k, i)
-            tree._heap = [e for e in tree._heap if e[2].hseq == e[1] and e[2].parent]
+            tree._heap = [e for e in tree._heap if e[2].heap_seq == e[1] and e[2].parent]
             used = tracemalloc.get_traced_memory()[0] - base
             tracemalloc.stop()
             per = used / max(tree.size, 1)

@@ -199,9 +199,9 @@ class TLRUPolicy(EvictionPolicy):
     """Tail-optimised LRU (Zhang et al., arXiv:2510.15152).
 
     A page is *TEL-safe* when the pages cached before it already cover what the branch's
-    next turn needs to stay under the TTFT budget: with ``hw`` the deepest length (pages)
+    next turn needs to stay under the TTFT budget: with ``high_water`` the deepest length (pages)
     any request reached through the page, it is safe when
-    ``depth * page_size >= max(hw * page_size + next_prompt_estimate - threshold, 0)``.
+    ``depth * page_size >= max(high_water * page_size + next_prompt_estimate - threshold, 0)``.
     Safe pages are evicted first (LRU among them), then the rest in LRU order.
     ``threshold`` and ``next_prompt_estimate`` are in tokens, as the reference engine
     takes them (the paper and ``replay_rules.md`` state them in 512-token blocks).
@@ -235,13 +235,13 @@ class TLRUPolicy(EvictionPolicy):
         node = last_node
         root = self.tree.root
         while node is not root:
-            if node.hw < n:
-                node.hw = n
+            if node.high_water < n:
+                node.high_water = n
             node = node.parent
 
     def key(self, node):
         ps = self.page_size
-        budget = node.hw * ps + self._slack
+        budget = node.high_water * ps + self._slack
         safe = node.depth * ps >= (budget if budget > 0 else 0)
         return (0 if safe else 1 << SHIFT) + node.last_access
 
@@ -274,12 +274,12 @@ class BeladyPolicy(EvictionPolicy):
         node = last_node
         j = last_node.depth
         while j >= 0:
-            node.aux = nu[j]
+            node.next_use = nu[j]
             node = node.parent
             j -= 1
 
     def key(self, node):
-        return ((NEVER - node.aux) << SHIFT) + node.last_access
+        return ((NEVER - node.next_use) << SHIFT) + node.last_access
 
 
 def _positive(v):

@@ -26,6 +26,7 @@ tree of ``replay_rules.md``.
 """
 from __future__ import annotations
 
+import hashlib
 from heapq import heappop, heappush
 from typing import Hashable, Iterator, List, Optional, Sequence, Tuple
 
@@ -53,16 +54,25 @@ class TreeNode:
     ``parent`` is ``None`` once the node has been evicted (the root's parent is also
     ``None``; the root is never evicted).  ``depth`` is the 0-based position of the node's
     *deepest* page in the prompt (``depth - weight + 1`` pages are cached before it);
-    ``uidx`` is the 0-based position of its unit in the request.  ``aux`` belongs to the
-    eviction policy (e.g. Belady's next use).
+    ``unit_index`` is the 0-based position of its unit in the request.  ``high_water`` (the
+    deepest prompt length, in pages, any request reached through the node) is T-LRU's and
+    ``next_use`` (the index of the next request that reads the node) is Belady's.
+
+    The tier fields belong to :class:`~sglang_hydra.cache.tiered.TieredCache`: ``device`` and
+    ``host`` are the node's page handles on each tier (None = not there; what a handle is
+    depends on the mover), ``stored`` says its pages were written to storage,
+    ``device_children`` counts children that are on the device and ``backup_hits`` is the
+    write-through counter (reference §5.2).
     """
 
     __slots__ = (
         "key", "parent", "children", "depth", "lock_ref", "last_access", "hit_count",
-        "insert_time", "priority", "hw", "aux", "hseq", "weight", "lo", "uidx",
+        "insert_time", "priority", "high_water", "next_use", "heap_seq", "weight", "lo", "unit_index",
+        # tier state, used by the tiered cache (cache/tiered.py); a plain RadixTree leaves them unset
+        "device", "host", "stored", "device_children", "backup_hits", "host_heap_seq",
     )
 
-    def __init__(self, key, parent, depth, clock, weight=1, lo=0, uidx=0):
+    def __init__(self, key, parent, depth, clock, weight=1, lo=0, unit_index=0):
         self.key = key
         self.parent = parent
         self.children = {}
@@ -72,12 +82,18 @@ class TreeNode:
         self.hit_count = 1
         self.insert_time = clock
         self.priority = 0
-        self.hw = 0
-        self.aux = None
-        self.hseq = 0
+        self.high_water = 0
+        self.next_use = None
+        self.device = None
+        self.host = None
+        self.stored = False
+        self.device_children = 0
+        self.backup_hits = 0
+        self.host_heap_seq = 0
+        self.heap_seq = 0
         self.weight = weight
         self.lo = lo
-        self.uidx = uidx
+        self.unit_index = unit_index
 
     @property
     def is_leaf(self) -> bool:
@@ -197,7 +213,7 @@ class RadixTree:
 
     def _push(self, node: TreeNode) -> None:
         self._seq += 1
-        node.hseq = self._seq
+        node.heap_seq = self._seq
         heappush(self._heap, (self.policy.key(node), self._seq, node))
 
     def _split(self, child: TreeNode, m: int) -> TreeNode:
@@ -209,12 +225,12 @@ class RadixTree:
         parent = child.parent
         key = child.key
         up = TreeNode(key, parent, child.depth - (child.weight - m), child.last_access,
-                      m, child.lo, child.uidx)
+                      m, child.lo, child.unit_index)
         up.hit_count = child.hit_count
         up.insert_time = child.insert_time
         up.priority = child.priority
-        up.hw = child.hw
-        up.aux = child.aux
+        up.high_water = child.high_water
+        up.next_use = child.next_use
         up.lock_ref = child.lock_ref
         parent.children[key] = up
         up.children[key] = child
@@ -293,7 +309,7 @@ class RadixTree:
             nu = self.policy._next[clock]
             root = self.root
             while node is not root:
-                node.aux = nu[node.uidx]
+                node.next_use = nu[node.unit_index]
                 node = node.parent
         else:
             self.policy.on_touch(keys, k, clock, node)
@@ -379,7 +395,7 @@ class RadixTree:
         while evicted < num_pages and heap:
             entry = heappop(heap)
             node = entry[2]
-            if node.hseq != entry[1] or node.children or node.parent is None:
+            if node.heap_seq != entry[1] or node.children or node.parent is None:
                 continue
             if node.lock_ref:
                 held.append(entry)
@@ -393,7 +409,7 @@ class RadixTree:
                 on_evict(node)
             if not parent.children and parent is not root:
                 self._seq += 1
-                parent.hseq = self._seq
+                parent.heap_seq = self._seq
                 heappush(heap, (key_of(parent), self._seq, parent))
         for entry in held:
             heappush(heap, entry)
@@ -492,17 +508,21 @@ def chained_page_keys(tokens: Sequence[int], page_size: int, seed: int = 0) -> L
 
     Page ``j``'s key hashes page ``j-1``'s key together with the page's tokens, so equal
     keys mean equal prefixes (up to hash collisions).  A trailing partial page is dropped,
-    as the reference engine page-aligns keys before matching or inserting.  Python's hash
-    of ints and tuples of ints is not randomised, so keys are stable across runs.
+    as the reference engine page-aligns keys before matching or inserting.  The hash is
+    BLAKE2b over a fixed byte encoding, so keys are the same in every process (Python's own
+    ``hash`` of strings changes with ``PYTHONHASHSEED``, which would make a persistent
+    storage tier miss across runs).  Keys are 63-bit ints.
     """
     if page_size <= 0:
         raise ValueError(f"page_size must be positive, got {page_size}")
     out = []
-    prev = hash((seed, "sglang-hydra-page"))
+    prev = hashlib.blake2b(b"sglang-hydra-page/" + str(int(seed)).encode(), digest_size=8).digest()
     full = len(tokens) - len(tokens) % page_size
     for start in range(0, full, page_size):
-        prev = hash((prev, tuple(tokens[start:start + page_size])))
-        out.append(prev)
+        h = hashlib.blake2b(prev, digest_size=8)
+        h.update(",".join(str(int(t)) for t in tokens[start:start + page_size]).encode())
+        prev = h.digest()
+        out.append(int.from_bytes(prev, "little") >> 1)
     return out
 
 
