@@ -72,7 +72,7 @@ def sim_host_pages(record, device_pages: int, bytes_per_token: int) -> int:
     """Host tier pages for a byte-free replay, from the record alone (no allocation, no
     live memory): ``hicache_size`` GB if set, else ``hicache_ratio`` x the device tokens,
     floored to pages plus one, as the memory plan sizes the host pool."""
-    from ..hostmem import host_pool_tokens
+    from ..memory.hostmem import host_pool_tokens
 
     ps = int(record.page_size or 1)
     ratio = getattr(record, "hicache_ratio", None)
