@@ -170,13 +170,8 @@ def run(record, job: dict, ctx: JobContext) -> float:
     if job.get("policy"):
         kwargs["policy"] = job["policy"]
     try:
-        if mode == "full":
-            from ..workload.full_replay import full_replay
-            result = full_replay(record, requests, mode="full", **kwargs)
-            if timeline is not None:
-                no_ttft, timeline = "job.mode=full reports its own measured-bandwidth estimate only", None
-        elif mode == "sim":
-            result, timeline = _sim(record, requests, timeline, kwargs, time_scale)
+        if mode in ("sim", "full"):
+            result = _tiered(record, requests, mode, timeline, kwargs, time_scale, plan, hardware)
         else:
             result = replay(record, requests, mode="metadata", keep_per_request=True, **kwargs)
             if timeline is not None:
@@ -186,9 +181,10 @@ def run(record, job: dict, ctx: JobContext) -> float:
                                  time_scale)
     except ValueError as exc:
         raise ConfigError([Problem("job", None, str(exc), "replay")]) from None
-    data = result.to_dict()
-    # the old linear estimate (uncached tokens x a constant) is replaced by the TTFT model
-    for k in [k for k in data if k.startswith("ttft_ms_") or k == "prefill_us_per_token"]:
+    data = _flat_tiers(result.to_dict())
+    # TTFT comes from the timeline below (the replays' own figures are the same numbers or
+    # the old linear estimate, uncached tokens x a constant)
+    for k in [k for k in data if k.startswith(("ttft_ms_", "ttft_s_")) or k == "prefill_us_per_token"]:
         data.pop(k)
     data["mode"] = mode
     data["time_scale"] = time_scale
@@ -241,15 +237,55 @@ def run(record, job: dict, ctx: JobContext) -> float:
     return float(value) if status == "ok" else float("nan")
 
 
-def _sim(record, requests, timeline, kwargs, time_scale):
-    """The tiered (device/host/storage) replay with the timeline as its clock."""
-    try:
-        from ..workload.replay import replay_tiered  # provided by the tiered replay
-    except ImportError:
-        raise ValueError("job.mode=sim needs the tiered replay, which this build does not have; "
-                         "use job.mode=metadata") from None
-    result = replay_tiered(record, requests, timeline=timeline, time_scale=time_scale, **kwargs)
-    return result, timeline
+def _tiered(record, requests, mode, timeline, kwargs, time_scale, plan, hardware):
+    """The tiered replay (device/host/storage): ``sim`` counts pages, ``full`` moves real bytes.
+
+    The device and host tiers have the sizes the memory plan gives for the target hardware;
+    storage reads run at the hardware's ``storage_read_gbps`` (instant without one)."""
+    import dataclasses
+    from ..workload.tiered_replay import tiered_replay
+
+    reqs = list(getattr(requests, "requests", requests))
+    if kwargs.get("max_requests") is not None:
+        reqs = reqs[:kwargs["max_requests"]]
+    if time_scale != 1.0:
+        reqs = [dataclasses.replace(r, timestamp=r.timestamp * time_scale) for r in reqs]
+    extra = {}
+    if mode == "sim":
+        extra["mover"] = "count"
+        if getattr(record, "enable_hierarchical_cache", False) and plan.host_pages:
+            extra["host_pages"] = int(plan.host_pages)
+    else:
+        extra["mover"] = "bytes"
+    storage = getattr(hardware, "storage_read_gbps", None) if hardware is not None else None
+    return tiered_replay(record, reqs, timeline=timeline, storage_read_bytes_per_s=storage * GB if storage else None,
+                         policy=kwargs.get("policy"), keep_per_request=False, progress=kwargs.get("progress", False),
+                         **extra)
+
+
+def _flat_tiers(d: Dict[str, Any]) -> Dict[str, Any]:
+    """The tiered replay's per-tier dicts as flat keys (token_hit_rate = all tiers; device_hit_rate ...)."""
+    rates = d.get("token_hit_rate")
+    if isinstance(rates, dict):
+        d["token_hit_rates"] = rates
+        d["token_hit_rate"] = rates.get("total", sum(v for k, v in rates.items() if k != "total"))
+        for tier in ("device", "host", "storage"):
+            if tier in rates:
+                d[f"{tier}_hit_rate"] = rates[tier]
+    tokens = d.get("hit_tokens")
+    if isinstance(tokens, dict):
+        d["hit_tokens_by_tier"] = tokens
+        d["hit_tokens"] = sum(v for k, v in tokens.items() if k != "total")
+        for tier, v in tokens.items():
+            d[f"{tier}_hit_tokens"] = v
+    for key in ("page_hit_rate", "hit_pages", "evicted_pages", "prefetch"):
+        sub = d.get(key)
+        if isinstance(sub, dict):
+            for k, v in sub.items():
+                if isinstance(v, (int, float)):
+                    d[f"{key}_{k}"] = v
+            d.pop(key)
+    return d
 
 
 def _tier_rates(data: Dict[str, Any]) -> None:
@@ -257,15 +293,10 @@ def _tier_rates(data: Dict[str, Any]) -> None:
     total = data.get("input_tokens") or 0
     if not total:
         return
-    tiers = {}
-    for tier in ("device", "host", "storage"):
-        v = data.get(f"{tier}_hit_tokens")
-        if v is not None:
-            tiers[tier] = v
-    if not tiers:   # single-tier replay: every hit is on the device
-        tiers = {"device": data.get("hit_tokens", 0), "host": 0, "storage": 0}
-    for tier, v in tiers.items():
-        data[f"{tier}_hit_rate"] = v / total
+    if all(f"{tier}_hit_rate" in data for tier in ("device", "host", "storage")):
+        return      # the tiered replay reported them
+    # single-tier replay: every hit is on the device
+    data.update(device_hit_rate=data.get("hit_tokens", 0) / total, host_hit_rate=0.0, storage_hit_rate=0.0)
 
 
 def _print(data: Dict[str, Any], job: dict, ctx: JobContext) -> None:

@@ -343,7 +343,12 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
             ax.set_xlabel(x_key)
             xs = sorted({x for pts in groups.values() for x, _ in pts if x is not None})
             if len(xs) <= 10:
-                ax.set_xticks(xs)
+                host = _host_by_x(rows, x_key)
+                if host:   # the price of each x, when x alone decides it
+                    ax.set_xticks(xs, [f"{x:g}\n{host[x]:,.0f} GB host" for x in xs])
+                    ax.set_xlabel(f"{x_key} (host memory below each value)")
+                else:
+                    ax.set_xticks(xs)
         else:
             ax.set_xticks(range(len(rows)), [_label(r, swept) for r in rows], rotation=30, ha="right", fontsize=8)
         if metric == "token_hit_rate":
@@ -359,14 +364,29 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
         title += f", {len(failed)} failed or infeasible (red bands; see failed.csv)"
     if headline:
         title += "\n" + headline
-    busy = [_num(r.get("engine_busy_share")) for r in rows if r.get("status") == "ok"]
-    if busy and max(b or 0 for b in busy) > 0.98:
-        title += ("\nwarning: the prefill engine is busy ~100% of the time: requests arrive faster than it "
-                  "computes, so TTFT is backlog that grows with trace length (docs/whatif.md)")
+    loads = [_num(r.get("offered_load")) for r in rows if r.get("status") not in FAILED_STATES]
+    loads = [x for x in loads if x is not None]
+    if loads and max(loads) > 1.0:
+        scale = math.ceil(max(loads) * 1.25 * 10) / 10 * _num(rows[0].get("time_scale") or 1.0)
+        title += (f"\nwarning: requests need up to {max(loads):.1f}x the time one prefill engine has, so TTFT is "
+                  f"backlog that grows with trace length; job.time_scale={scale:g} replays the trace slower")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     _save(fig, sweep_dir / "summary.png")
     plt.close(fig)
+
+
+def _host_by_x(rows, x_key) -> Optional[Dict[float, float]]:
+    """x -> host memory (GB) when every point at an x needs the same host memory, and it varies."""
+    seen: Dict[float, set] = {}
+    for r in rows:
+        x, h = _num(r["_overrides"].get(x_key)), _num(r.get("host_memory_gb"))
+        if x is None or h is None:
+            return None
+        seen.setdefault(x, set()).add(round(h, 3))
+    if any(len(v) != 1 for v in seen.values()) or len({next(iter(v)) for v in seen.values()}) < 2:
+        return None
+    return {x: next(iter(v)) for x, v in seen.items()}
 
 
 def pareto_front(points: Sequence[Tuple[float, float]]) -> List[int]:

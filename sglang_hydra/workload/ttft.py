@@ -202,6 +202,7 @@ class PrefillTimeline:
         self.ttft_s: List[float] = []
         self.queue_s: List[float] = []
         self.first_arrival_s: Optional[float] = None
+        self.last_arrival_s = 0.0
         self.last_end_s = 0.0
         self.busy_s = 0.0
         self.compute_s = 0.0
@@ -267,6 +268,8 @@ class PrefillTimeline:
         self.engine_free_s = end
         if self.first_arrival_s is None or arrival_s < self.first_arrival_s:
             self.first_arrival_s = arrival_s
+        if arrival_s > self.last_arrival_s:
+            self.last_arrival_s = arrival_s
         if end > self.last_end_s:
             self.last_end_s = end
         ttft = end - arrival_s
@@ -287,6 +290,7 @@ class PrefillTimeline:
         srt = sorted(self.ttft_s)
         qs = sorted(self.queue_s)
         span = (self.last_end_s - self.first_arrival_s) if n else 0.0
+        arrivals = (self.last_arrival_s - self.first_arrival_s) if n else 0.0
         ms = 1000.0
         return {
             "ttft_p50_ms": nearest_rank(srt, 0.5) * ms,
@@ -299,6 +303,9 @@ class PrefillTimeline:
             "prefill_throughput": (self.computed_tokens / span) if span > 0 else 0.0,
             "engine_busy_share": (self.busy_s / span) if span > 0 else 0.0,
             "compute_share": (self.compute_s / span) if span > 0 else 0.0,
+            # engine time the requests need over the time they arrive in: above 1 the queue grows
+            # without bound and TTFT is backlog
+            "offered_load": (self.busy_s / arrivals) if arrivals > 0 else 0.0,
             "exposed_host_load_s": self.exposed_host_load_s,
             "exposed_storage_s": self.exposed_storage_s,
             "computed_tokens": self.computed_tokens,
