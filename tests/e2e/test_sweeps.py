@@ -151,3 +151,31 @@ def test_ray_launcher_on_a_private_local_instance(tmp_path):
                 pass
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert not leftovers
+
+
+def test_operator_question_sim_sweep_on_target_hardware(tmp_path):
+    """The operator's sweep, on 400 requests: TTFT per point from the tiered sim + timeline,
+    host memory from the plan for h100_80gb, plots and a best config that --config takes."""
+    sweep = tmp_path / "sweep"
+    r = run("-m", "model=llama3_8b", "hardware=h100_80gb", "memory=hicache", "memory.hicache_ratio=1,4",
+            "memory.radix_eviction_policy=lru,ghost_lru", "job.max_requests=400", "schedule.max_total_tokens=65536",
+            f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = rows_of(sweep / "summary.csv")
+    assert len(rows) == 4 and all(row["status"] == "ok" for row in rows)
+    for row in rows:
+        assert json.loads((sweep / row["run"] / "replay.json").read_text())["mode"] == "sim"
+        assert 0 < float(row["ttft_p50_ms"]) <= float(row["ttft_p90_ms"]) <= float(row["ttft_p99_ms"])
+        total = float(row["device_hit_rate"]) + float(row["host_hit_rate"]) + float(row["storage_hit_rate"])
+        assert total == pytest.approx(float(row["token_hit_rate"]))
+    by_ratio = {row["memory.hicache_ratio"]: float(row["host_memory_gb"]) for row in rows}
+    # 65,536 device tokens x 128 KiB per token x ratio (the plan for the target, in GB)
+    assert by_ratio["4"] == pytest.approx(4 * by_ratio["1"], rel=1e-3)
+    assert by_ratio["1"] == pytest.approx(65536 * 131072 / 1e9, rel=1e-3)
+    best = min(rows, key=lambda row: float(row["ttft_p90_ms"]))
+    cfg = yaml.safe_load((sweep / "best_config.yaml").read_text())
+    assert cfg["hardware"] == "h100_80gb" and cfg["model"] == "llama3_8b"
+    assert str(cfg["memory.hicache_ratio"]) == best["memory.hicache_ratio"]
+    for png in ("summary.png", "pareto.png"):
+        assert (sweep / png).stat().st_size > 10_000
+    assert "ttft_assumptions" in json.loads((sweep / "0" / "replay.json").read_text())
