@@ -227,13 +227,8 @@ def run(record, job: dict, ctx: JobContext) -> float:
             if status == "infeasible":   # a single run over its budget exits 2 naming the budget
                 raise ConfigError([Problem("job.max_host_memory_gb", None, reason, "constraint")])
             print(f"note: {reason}")
-        else:
-            from .sweeps import under_optuna
-            if under_optuna():
-                # Optuna 2.10 cannot be told NaN (the study would die); an exception is a
-                # failed trial, and the study samples elsewhere.
-                raise RuntimeError(f"{status}: {reason}")
-            # grid sweeps: the point stays in the summary, marked with its status
+        # in a sweep the point stays in the tables, marked with its status; under Optuna the
+        # NaN it returns becomes a failed trial (summary.mark_failed_trial)
     return float(value) if status == "ok" else float("nan")
 
 

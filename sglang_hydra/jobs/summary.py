@@ -37,11 +37,13 @@ _CONTEXT_KEYS = ("model", "hardware", "job", "job.trace", "hydra/launcher", "hyd
 
 class SweepSummary(Callback):
     def on_job_end(self, config, job_return=None, **kwargs: Any) -> None:
-        """Keep the tables current after every point, so a sweep that dies still leaves them."""
+        """Keep the tables current after every point, so a sweep that dies still leaves them;
+        under Optuna, turn a point without an objective value into a failed trial."""
         try:
             from hydra.core.hydra_config import HydraConfig
             if str(HydraConfig.get().mode) != "RunMode.MULTIRUN":
                 return
+            mark_failed_trial(job_return, Path(HydraConfig.get().runtime.output_dir))
             write_summary(Path(config.hydra.sweep.dir), plots=False)
         except Exception:  # noqa: BLE001 - the end-of-sweep summary reports problems
             pass
@@ -52,6 +54,39 @@ class SweepSummary(Callback):
             write_summary(sweep_dir)
         except Exception as exc:  # noqa: BLE001 - a broken plot must not hide the sweep's results
             print(f"sglang-hydra: could not write the sweep summary in {sweep_dir}: {exc}")
+
+
+def mark_failed_trial(job_return, job_dir: Path) -> bool:
+    """A completed job whose value is not a number becomes FAILED, under the Optuna sweeper.
+
+    Optuna 2.10 cannot be told NaN: the plugin's second ``tell`` (state FAIL, values [nan])
+    raises and ends the whole study.  A FAILED job return is recorded as a failed trial and
+    the study goes on.  Runs in the job's process (this callback fires there with every
+    launcher), before the return travels back to the sweeper."""
+    from hydra.core.utils import JobStatus
+    from .sweeps import under_optuna
+
+    if job_return is None or job_return.status != JobStatus.COMPLETED or not under_optuna():
+        return False
+    value = job_return._return_value
+    try:
+        ok = math.isfinite(float(value))
+    except (TypeError, ValueError):
+        ok = False
+    if ok:
+        return False
+    reason = "the job returned no objective value"
+    try:
+        m = json.loads((job_dir / "metrics.json").read_text())
+        reason = f"{m.get('status')}: {m.get('status_reason')}"
+    except (OSError, ValueError):
+        try:
+            reason = json.loads((job_dir / "error.json").read_text()).get("error", reason)
+        except (OSError, ValueError):
+            pass
+    job_return.status = JobStatus.FAILED
+    job_return.return_value = RuntimeError(f"trial failed ({reason})")
+    return True
 
 
 def _overrides_list(job_dir: Path) -> List[str]:

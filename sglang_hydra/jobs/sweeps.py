@@ -11,7 +11,8 @@ and every field, with two defaults changed:
   invalid combination) is recorded as FAIL and the study goes on.
 
 A trial that returns NaN would make Optuna 2.10 raise while telling the study (killing
-it), so under Optuna the replay job raises instead of returning NaN (:func:`under_optuna`).
+it); the sweep callback turns such a job return into a FAILED one before the sweeper sees
+it (:func:`sglang_hydra.jobs.summary.mark_failed_trial`), whatever produced the NaN.
 """
 from __future__ import annotations
 
