@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..config.errors import ConfigError, Problem
@@ -226,7 +227,7 @@ def run(record, job: dict, ctx: JobContext) -> float:
         if not ctx.multirun:
             if status == "infeasible":   # a single run over its budget exits 2 naming the budget
                 raise ConfigError([Problem("job.max_host_memory_gb", None, reason, "constraint")])
-            print(f"note: {reason}")
+            print(f"note: {reason}", file=sys.stderr)     # stdout may be JSON (job.format=json)
         # in a sweep the point stays in the tables, marked with its status; under Optuna the
         # NaN it returns becomes a failed trial (summary.mark_failed_trial)
     return float(value) if status == "ok" else float("nan")
