@@ -74,8 +74,11 @@ def make_timeline(record, hardware) -> Tuple[Any, Optional[str]]:
         hw = HardwareSpec.from_any(hardware)
     except ValueError as exc:
         name = getattr(hardware, "name", None) or (hardware.get("name") if isinstance(hardware, dict) else "?")
-        return None, (f"hardware '{name}' lacks timing figures ({exc}); choose a preset such as "
-                      "hardware=h100_80gb, or measure one with job=calibrate")
+        get = (lambda f: hardware.get(f)) if isinstance(hardware, dict) else (lambda f: getattr(hardware, f, None))
+        missing = [f for f in ("bf16_tflops", "prefill_efficiency", "hbm_bandwidth_gbps", "h2d_gbps") if not get(f)]
+        what = f"has no {', '.join(missing)}" if missing else f"has unusable figures ({exc})"
+        return None, (f"hardware '{name}' {what}; choose a preset such as hardware=h100_80gb, "
+                      "or measure this GPU with job=calibrate")
     try:
         model = ModelShape.from_record(record)
     except ValueError as exc:
@@ -180,6 +183,8 @@ def run(record, job: dict, ctx: JobContext) -> float:
                 reqs = select_requests(requests, kwargs["max_requests"], 0.0)
                 time_device_hits(timeline, reqs, _per_request_device_hits(record, reqs, result.per_request_hit_pages),
                                  time_scale)
+    except ConfigError:
+        raise                       # already one line per problem; do not nest it under "job"
     except ValueError as exc:
         raise ConfigError([Problem("job", None, str(exc), "replay")]) from None
     data = _flat_tiers(result.to_dict())
@@ -321,7 +326,7 @@ def _print(data: Dict[str, Any], job: dict, ctx: JobContext) -> None:
                  ("prefill throughput", f"{data['prefill_throughput']:,.0f} tokens/s")]
     else:
         rows.append(("TTFT", data.get("ttft_model", "")))
-    rows.append(("host memory", f"{data['host_memory_gb']:.1f} GB"))
+    rows.append(("host memory", f"{data['host_memory_gb']:.3g} GB"))
     rows.append((f"objective {data['objective']}", f"{data['objective_value']:.6g} ({data['objective_direction']})"))
     if data.get("skipped_lines"):
         rows.append(("skipped bad lines", str(data["skipped_lines"])))

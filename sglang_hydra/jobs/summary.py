@@ -262,7 +262,10 @@ def _short(key: str) -> str:
 
 def _axes_of(rows, swept) -> Tuple[Optional[str], List[str]]:
     """The numeric swept key for x (the one with most distinct values) and the categorical keys."""
-    numeric = [k for k in swept if all(_num(r["_overrides"].get(k)) is not None for r in rows)]
+    # a failed job may have no overrides at all: judge keys by the points that have them
+    numeric = [k for k in swept
+               if any(k in r["_overrides"] for r in rows)
+               and all(_num(r["_overrides"][k]) is not None for r in rows if k in r["_overrides"])]
     x_key = max(numeric, key=lambda k: len({r["_overrides"].get(k) for r in rows})) if numeric else None
     cats = [k for k in swept if k != x_key]
     return x_key, cats
@@ -320,6 +323,8 @@ def _series(rows, x_key, cats):
     groups: Dict[str, List[Tuple[float, Dict[str, Any]]]] = {}
     for i, r in enumerate(rows):
         x = _num(r["_overrides"].get(x_key)) if x_key else float(i)
+        if x is None:       # a job that left no overrides: only counted in the title
+            continue
         groups.setdefault(_label(r, cats), []).append((x, r))
     for g in groups.values():
         g.sort(key=lambda t: t[0])
@@ -359,7 +364,11 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
                     ax.plot([x for x, _ in dev], [y * scale for _, y in dev], "--", color=c, alpha=0.8, lw=1.2)
             bad = [(x, r) for x, r in pts if r.get("status") in FAILED_STATES]
             for x, r in bad:
-                ax.axvline(x, color="red", alpha=0.25, lw=6) if x_key else None
+                y = _num(r.get(metric))
+                if y is not None:      # infeasible: its value is known, mark it
+                    ax.plot([x], [y * scale], "x", color="red", ms=10, mew=2)
+                elif x_key:
+                    ax.axvline(x, color="red", alpha=0.2, lw=6)
         if metric != "token_hit_rate" or objective == "token_hit_rate":
             d = direction if metric == objective else ("maximize" if metric in ("token_hit_rate", "prefill_throughput") else "minimize")
             best = _best(rows, metric, d)
@@ -396,7 +405,7 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
             ax.legend(fontsize=8, loc="best")
     title = _context_title(rows) + f"  |  {len(rows)} points"
     if failed:
-        title += f", {len(failed)} failed or infeasible (red bands; see failed.csv)"
+        title += f", {len(failed)} failed or infeasible (red: x = over budget, band = failed; see failed.csv)"
     if headline:
         title += "\n" + headline
     loads = [_num(r.get("offered_load")) for r in rows if r.get("status") not in FAILED_STATES]
@@ -454,8 +463,10 @@ def plot_pareto(sweep_dir: Path, rows, swept) -> None:
             ax.plot(r["host_memory_gb"], r["ttft_p90_ms"] / 1000, "o", color=c)
         else:
             ax.plot(r["host_memory_gb"], r["ttft_p90_ms"] / 1000, "x", color="red", ms=9)
+    shown = {_label(r, cats) for r in ok if r["status"] == "ok"}
     for lab in labels:
-        ax.plot([], [], "o", color=colors[labels.index(lab) % len(colors)], label=lab)
+        if lab in shown:
+            ax.plot([], [], "o", color=colors[labels.index(lab) % len(colors)], label=lab)
     feasible = [r for r in ok if r["status"] == "ok"]
     idx = pareto_front([(r["host_memory_gb"], r["ttft_p90_ms"]) for r in feasible])
     front = [feasible[i] for i in idx]

@@ -179,3 +179,70 @@ def test_operator_question_sim_sweep_on_target_hardware(tmp_path):
     for png in ("summary.png", "pareto.png"):
         assert (sweep / png).stat().st_size > 10_000
     assert "ttft_assumptions" in json.loads((sweep / "0" / "replay.json").read_text())
+
+
+# ----------------------------------------------------------------------------- summary, in process
+def _job(sweep, name, overrides, metrics=None, error=None):
+    d = sweep / name
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
+    if metrics is not None:
+        (d / "metrics.json").write_text(json.dumps(metrics))
+    if error is not None:
+        (d / "error.json").write_text(json.dumps(error))
+
+
+def test_pareto_front_by_hand():
+    from sglang_hydra.jobs.summary import pareto_front
+    pts = [(10, 5.0), (20, 3.0), (20, 4.0), (40, 3.0), (80, 1.0), (5, 9.0)]
+    assert sorted(pareto_front(pts)) == [0, 1, 4, 5]
+
+
+def test_summary_lists_failed_and_infeasible_points_and_picks_the_best(tmp_path):
+    from sglang_hydra.jobs.summary import write_summary
+    sweep = tmp_path / "sweep"
+    base = dict(objective="ttft_p90_ms", objective_direction="minimize", token_hit_rate=0.1, device_hit_rate=0.08,
+                host_hit_rate=0.02, storage_hit_rate=0.0, trace="t.jsonl", model="llama3_8b", hardware="h100_80gb",
+                offered_load=0.5)
+    _job(sweep, "0", ["memory.hicache_ratio=1", "memory.radix_eviction_policy=lru"],
+         dict(base, status="ok", ttft_p90_ms=900.0, host_memory_gb=50.0))
+    _job(sweep, "1", ["memory.hicache_ratio=2", "memory.radix_eviction_policy=lru"],
+         dict(base, status="ok", ttft_p90_ms=700.0, host_memory_gb=100.0))
+    _job(sweep, "2", ["memory.hicache_ratio=4", "memory.radix_eviction_policy=lru"],
+         dict(base, status="infeasible", status_reason="host memory 200 GB exceeds job.max_host_memory_gb=150",
+              ttft_p90_ms=500.0, host_memory_gb=200.0))
+    _job(sweep, "3", ["memory.hicache_ratio=1", "memory.radix_eviction_policy=ghost_lru"],
+         error={"overrides": ["memory.hicache_ratio=1", "memory.radix_eviction_policy=ghost_lru"],
+                "error": "RuntimeError: boom", "exit_code": 1})
+    (sweep / "4").mkdir()       # a job that died before writing anything but its directory
+    (sweep / "4" / ".hydra").mkdir()
+    rows = write_summary(sweep)
+    status = {r["run"]: r["status"] for r in rows}
+    assert status == {"0": "ok", "1": "ok", "2": "infeasible", "3": "failed", "4": "failed"}
+    failed = {r["run"]: r for r in rows_of(sweep / "failed.csv")}
+    assert set(failed) == {"2", "3", "4"}
+    assert "boom" in failed["3"]["error"] and failed["3"]["exit_code"] == "1"
+    assert "max_host_memory_gb" in failed["2"]["error"]
+    # the best feasible point, not the infeasible one with lower TTFT
+    best = yaml.safe_load((sweep / "best_config.yaml").read_text())
+    assert best == {"memory.hicache_ratio": 2, "memory.radix_eviction_policy": "lru"}
+    cols = list(rows_of(sweep / "summary.csv")[0])
+    assert cols[:4] == ["run", "status", "memory.hicache_ratio", "memory.radix_eviction_policy"]
+    assert (sweep / "summary.png").is_file() and (sweep / "pareto.png").is_file()
+
+
+def test_a_nan_trial_under_optuna_becomes_a_failed_job_return(tmp_path, monkeypatch):
+    from hydra.core.utils import JobReturn, JobStatus
+    from sglang_hydra.jobs import summary, sweeps
+    monkeypatch.setattr(sweeps, "under_optuna", lambda: True)
+    (tmp_path / "metrics.json").write_text(json.dumps({"status": "infeasible", "status_reason": "over budget"}))
+    ret = JobReturn(status=JobStatus.COMPLETED, _return_value=float("nan"))
+    assert summary.mark_failed_trial(ret, tmp_path)
+    assert ret.status == JobStatus.FAILED
+    with pytest.raises(RuntimeError, match="over budget"):
+        ret.return_value
+    good = JobReturn(status=JobStatus.COMPLETED, _return_value=1.5)
+    assert not summary.mark_failed_trial(good, tmp_path) and good.return_value == 1.5
+    monkeypatch.setattr(sweeps, "under_optuna", lambda: False)
+    grid = JobReturn(status=JobStatus.COMPLETED, _return_value=float("nan"))
+    assert not summary.mark_failed_trial(grid, tmp_path) and grid.status == JobStatus.COMPLETED
