@@ -210,8 +210,9 @@ def run(record, job: dict, ctx: JobContext) -> Dict[str, Any]:
     efficiency = min(1.0, efficiency)
 
     name = job.get("preset_name") or _default_name(torch, device)
+    # the rehearsal has no GPU: it keeps the base preset's size, or an 80 GB placeholder
     gpu_gb = (torch.cuda.get_device_properties(0).total_memory / GB) if device == "cuda" else \
-        (_field(base, "gpu_memory_gb") or 1.0)
+        (_field(base, "gpu_memory_gb") or 80.0)
     preset = {
         "name": name,
         "gpu_memory_gb": _sig(gpu_gb),
@@ -233,6 +234,11 @@ def run(record, job: dict, ctx: JobContext) -> Dict[str, Any]:
     header = ("# Written by sglang-hydra job=calibrate" + (" -- a CPU REHEARSAL, not a GPU calibration" if device == "cpu" else "")
               + f".\n# Use: sglang-hydra hydra.searchpath=[file://{out_dir.resolve()}] hardware={name} ...\n")
     ctx.write_text(f"hardware/{name}.yaml", header + yaml.safe_dump(preset, sort_keys=False))
+    # the same figures as a --config file (hardware settings beside any server settings)
+    ctx.write_text("calibrated_config.yaml", header.replace(f"hydra.searchpath=[file://{out_dir.resolve()}] "
+                                                             f"hardware={name}", f"--config {out_dir.resolve()}/"
+                                                             "calibrated_config.yaml")
+                   + yaml.safe_dump({"hardware": preset}, sort_keys=False))
     result = {"device": device, "rehearsal": device == "cpu", "stack": shape.__dict__, "copies": copies,
               "matmul_tflops": measured_peak, "fit": fit, "preset": preset, "preset_path": str(preset_path),
               "checks": checks, "max_abs_error_pct": max(abs(c["error_pct"]) for c in checks)}
@@ -293,3 +299,4 @@ def _print(result: Dict[str, Any], job: dict, out_dir) -> None:
               f"{1000 * c['measured_s']:>12.2f} {c['error_pct']:>8.1f}")
     print(f"wrote {result['preset_path']}")
     print(f"use it: sglang-hydra hydra.searchpath=[file://{out_dir.resolve()}] hardware={p['name']} ...")
+    print(f"    or: sglang-hydra --config {out_dir.resolve()}/calibrated_config.yaml ...")

@@ -46,3 +46,8 @@ def test_calibrate_cpu_rehearsal_writes_a_usable_preset(tmp_path):
     assert preset["name"] == "rehearsal" and 0 < preset["prefill_efficiency"] <= 1
     spec = HardwareSpec.from_any(preset)     # the TTFT model accepts it as it is
     assert spec.bf16_tflops > 0 and spec.h2d_gbps > 0 and spec.hbm_bandwidth_gbps > 0
+    # usable right away: on Hydra's search path, and as a --config file
+    r = run(f"hydra.searchpath=[file://{out}]", "hardware=rehearsal", "model=llama3_8b", "job=plan", cwd=tmp_path)
+    assert r.returncode == 0 and "target rehearsal" in r.stdout, r.stdout + r.stderr
+    r = run("--config", str(out / "calibrated_config.yaml"), "model=llama3_8b", "job=plan", cwd=tmp_path)
+    assert r.returncode == 0 and "target rehearsal" in r.stdout, r.stdout + r.stderr
