@@ -271,8 +271,18 @@ def _axes_of(rows, swept) -> Tuple[Optional[str], List[str]]:
     return x_key, cats
 
 
+def _val(v: Any) -> str:
+    """An override value for a label: sampled floats shortened (5.263881031938146 -> 5.264)."""
+    text = str(v)
+    if "." in text:
+        f = _num(text)
+        if f is not None:
+            return f"{f:.4g}"
+    return text
+
+
 def _label(row, cats) -> str:
-    return ", ".join(f"{_short(k)}={row['_overrides'].get(k)}" for k in cats) or "all points"
+    return ", ".join(f"{_short(k)}={_val(row['_overrides'].get(k))}" for k in cats) or "all points"
 
 
 def _fmt(v: float) -> str:
@@ -378,8 +388,7 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
                 ax.plot([bx], [by], marker="*", ms=18, color="gold", mec="black", zorder=5, ls="none",
                         label=f"best: {_fmt(by)} {unit}")
                 if metric == first:
-                    headline = (f"best {name}: {_fmt(by)} {unit} at " +
-                                ", ".join(f"{_short(k)}={best['_overrides'].get(k)}" for k in swept))
+                    headline = f"best {name}: {_fmt(by)} {unit} at {_label(best, swept)}"
         ax.set_title(f"{name} ({'lower' if metric.startswith('ttft') or metric == 'host_memory_gb' else 'higher'} is better)",
                      fontsize=10)
         ax.set_ylabel(f"{name} ({unit})")
@@ -473,10 +482,14 @@ def plot_pareto(sweep_dir: Path, rows, swept) -> None:
     if front:
         ax.step([r["host_memory_gb"] for r in front], [r["ttft_p90_ms"] / 1000 for r in front], "k--",
                 where="post", lw=1, label="Pareto front (no point is better on both)")
-        for r in front:
-            txt = ", ".join(str(r["_overrides"].get(k)) for k in swept)
+        for i, r in enumerate(front):     # labels alternate above and below the line
+            txt = ", ".join(_val(r["_overrides"].get(k)) for k in swept)
             ax.annotate(txt, (r["host_memory_gb"], r["ttft_p90_ms"] / 1000), textcoords="offset points",
-                        xytext=(6, 4), fontsize=8)
+                        xytext=(6, 4 if i % 2 == 0 else -12), fontsize=8)
+    budget = next((_num(r["_overrides"].get("job.max_host_memory_gb")) for r in rows
+                   if _num(r["_overrides"].get("job.max_host_memory_gb")) is not None), None)
+    if budget is not None:
+        ax.axvline(budget, color="red", ls=":", lw=1, label=f"host-memory budget ({_fmt(budget)} GB)")
     if any(r["status"] == "infeasible" for r in ok):
         ax.plot([], [], "x", color="red", label="over the host-memory budget")
     if front and swept:
