@@ -61,7 +61,9 @@ def _direct(cmd) -> int:
         composed = compose_with_hydra(cmd) if needs_hydra(cmd) and not cmd.problems else \
             compose_values(cmd, raise_problems=False)
         record = resolve(composed.values, explicit=composed.explicit, prior=composed.problems)
-        run_job(composed.job_name, record, composed.job, JobContext(hardware=composed.hardware))
+        from .memory.target import hardware_scope
+        with hardware_scope(composed.hardware):
+            run_job(composed.job_name, record, composed.job, JobContext(hardware=composed.hardware))
     except ConfigError as err:
         _print_problems(err)
         return EXIT_CONFIG
@@ -98,7 +100,9 @@ def _hydra_main(cmd, hydra_flags: List[str]) -> int:
         from pathlib import Path
         ctx = JobContext(output_dir=Path(hc.runtime.output_dir), multirun=multirun, overrides=tuple(task_overrides),
                          hardware=composed.hardware)
-        return run_job(composed.job_name, record, composed.job, ctx)
+        from .memory.target import hardware_scope
+        with hardware_scope(composed.hardware):
+            return run_job(composed.job_name, record, composed.job, ctx)
 
     app = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)
     saved = sys.argv

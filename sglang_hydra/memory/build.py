@@ -83,6 +83,9 @@ def build_memory(record: Any, device: Optional[str] = None, *, progress: bool = 
     :class:`sglang_hydra.memory.hostmem.HostMemoryInfo`) replaces any host reading;
     ``progress`` shows a bar while buffers are zeroed.
     """
+    if hardware is None:
+        from .target import default_hardware
+        hardware = default_hardware()
     if hardware is not None and not hardware.is_local:
         from ..config.errors import ConfigError, Problem
         raise ConfigError([Problem("hardware", None,

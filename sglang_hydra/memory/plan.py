@@ -112,7 +112,9 @@ class MemoryPlan:
             lines.append(
                 f"  host{purpose} [{self.host_layout}] {self.host_tokens:,} tokens = {self.host_pages:,} pages, "
                 f"{self.host_bytes / GiB:.3f} GiB{' pinned (exact size)' if self.pin_memory else ''}; "
-                f"sized by {self.host_budget_reason}")
+                f"sized by {self.host_budget_reason}"
+                + (f"; host budget {self.host_budget_bytes / GB:,.1f} GB/rank after the 10 GiB reserve"
+                   if self.host_budget_bytes is not None else ""))
             io = self.io_backend_effective
             if io != self.io_backend:
                 io = f"{self.io_backend} -> {io}"
@@ -223,18 +225,19 @@ def make_plan(record: Any, device: Optional[str] = None, *, hardware: Any = None
     lets any layout run with any of our io backends (benchmarks); ``check_io=False`` skips
     the (torch-importing) check of which io backend would run here.
     """
-    from .target import resolve_target
+    from .target import default_hardware, resolve_target
 
     geo = kv_geometry(record, require_known=True)
-    hw_in = hardware
+    hw_in = hardware if hardware is not None else default_hardware()
     is_target = hw_in is not None and not hw_in.is_local
     if is_target:
         dev = "cuda"
     else:
         dev = resolve_device(record, device)
     on_cuda = dev.startswith("cuda")
+    # nothing to read when the caller hands over the host memory for a CPU run
     target = resolve_target(hw_in, device=dev, proc_root=proc_root, cgroup_root=cgroup_root) \
-        if host_memory is None or is_target or on_cuda else None
+        if host_memory is None or hw_in is not None or on_cuda else None
     hw = target.hardware if target is not None else None
     ps = geo.page_size
     bpt = geo.bytes_per_token
@@ -379,7 +382,7 @@ def make_plan(record: Any, device: Optional[str] = None, *, hardware: Any = None
     auto = not size_gb and fraction is not None
     # Where the host budget comes from: given (tests), stated (preset or hardware.host_memory_gb),
     # this machine's RAM size (CPU runs), or the live reading of a GPU server (the reference's rule).
-    live_host = False
+    live_host = False      # True: the host figure is this machine's (read now, or its RAM size)
     if host_memory is not None:
         info = host_memory
     elif target.stated_or_preset("host_memory_gb") or not on_cuda:
@@ -389,15 +392,17 @@ def make_plan(record: Any, device: Optional[str] = None, *, hardware: Any = None
         what = (f"{hw.name} host RAM" if is_target else
                 "hardware.host_memory_gb" if "host_memory_gb" in target.stated else "RAM size of this machine")
         info = _fixed_host(int(hw.host_memory_gb * GB), f"{hw.host_memory_gb:g} GB, {what}")
+        live_host = "host_memory_gb" in target.measured
     else:
         info = hostmem.probe_host_memory(proc_root, cgroup_root, allow_cgroup_fallback=not auto)
         live_host = True
     backup_only = not hicache
     if backup_only and live_host:
         # RT-1's backup-only pool is a fraction of the device pool; a decode server must not
-        # start or fail depending on what else holds host memory right now.
+        # start or fail on this machine's host memory (what else holds it now, or a RAM size
+        # below the 10 GiB reserve).  A preset or a stated host_memory_gb is still checked.
         auto = False
-        notes.append("backup-only host pool: not sized against live free host memory")
+        notes.append("backup-only host pool: not sized against this machine's host memory")
     if not on_cuda and not is_target:
         # the "device" pool lives in host memory too: book it before sizing the host pool
         info = dataclasses.replace(info, available=max(0, info.available - dev_bytes),

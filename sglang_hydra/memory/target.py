@@ -10,7 +10,10 @@ Reading the GPU imports torch, so it only happens when the record's device is cu
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
+import os
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -69,6 +72,41 @@ def preset_hardware(name: str, **fields: Any) -> Hardware:
     return hw
 
 
+#: carries the job's hardware to every plan of the process and of the processes it spawns
+HARDWARE_ENV = "SGLANG_HYDRA_HARDWARE"
+
+
+@contextlib.contextmanager
+def hardware_scope(hardware: Optional[Hardware]):
+    """Make ``hardware`` the default of every plan made inside the ``with`` block.
+
+    Jobs that allocate through code they do not own (a full replay, the two processes of a
+    PD pair) call ``build_memory(record)`` without a hardware argument; this is how they
+    still honour ``hardware.host_memory_gb=16`` or refuse ``hardware=h100_80gb``.  It rides
+    in an environment variable so spawned children see it too, and is restored on exit.
+    """
+    if hardware is None:
+        yield
+        return
+    old = os.environ.get(HARDWARE_ENV)
+    os.environ[HARDWARE_ENV] = json.dumps(hardware.to_dict())
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(HARDWARE_ENV, None)
+        else:
+            os.environ[HARDWARE_ENV] = old
+
+
+def default_hardware() -> Optional[Hardware]:
+    """The hardware of the enclosing :func:`hardware_scope` (None outside any)."""
+    text = os.environ.get(HARDWARE_ENV)
+    if not text:
+        return None
+    return Hardware(**json.loads(text))
+
+
 def _live_gpu(device: str) -> Optional[Tuple[float, str]]:
     """(total memory in GB, device name) of the current CUDA device, or None."""
     try:
@@ -125,4 +163,5 @@ def resolve_target(hardware: Optional[Hardware] = None, *, device: str = "cpu",
     return Target(dataclasses.replace(hw, **fill), tuple(measured), stated, tuple(notes))
 
 
-__all__ = ["Target", "resolve_target", "local_hardware", "preset_hardware"]
+__all__ = ["Target", "resolve_target", "local_hardware", "preset_hardware", "hardware_scope", "default_hardware",
+           "HARDWARE_ENV"]

@@ -346,3 +346,45 @@ def test_model_geometry_from_checkpoint(tmp_path):
     (tmp_path / "config.json").write_text("{nope")
     with pytest.raises(ConfigError, match="cannot read"):
         make_record(model_path=str(tmp_path))
+
+
+# ---- M-SZ: sizes that can never work fail when the record is resolved
+def test_msz_ratio_must_be_positive():
+    for bad in (0.0, -1.5):
+        ps = problems(hicache_ratio=bad)
+        has(ps, "memory.hicache_ratio", "greater than 0")
+        assert ps[0].flag == "--hicache-ratio" and repr(bad) in ps[0].message
+
+
+def test_msz_ratio_below_one_only_where_the_host_tier_mirrors_the_device_pool():
+    ps = problems(enable_hierarchical_cache=True, hicache_ratio=0.5)
+    has(ps, "memory.hicache_ratio", "'cache' host memory mode")
+    assert "0.5" in ps[0].message and ">= 1" in ps[0].message
+    # allowed: a size wins over the ratio; buffer_only only stages pages; HiCache off; decode backup pools
+    assert make_record(enable_hierarchical_cache=True, hicache_ratio=0.5, hicache_size=2).hicache_size == 2
+    assert make_record(enable_hierarchical_cache=True, hicache_ratio=0.5, hicache_host_memory_mode="buffer_only",
+                       hicache_storage_backend="file").hicache_ratio == 0.5
+    assert make_record(hicache_ratio=0.5).hicache_ratio == 0.5
+    assert make_record(enable_hierarchical_cache=True, hicache_ratio=1.0).hicache_ratio == 1.0
+
+
+def test_msz_negative_size_and_a_pool_below_one_page():
+    has(problems(hicache_size=-1), "memory.hicache_size", "-1 is negative")
+    ps = problems(max_total_tokens=15, page_size=16)
+    has(ps, "schedule.max_total_tokens", "smaller than one page (16 tokens")
+    assert ps[0].flag == "--max-total-tokens" and "0 pages" in ps[0].message
+    assert make_record(max_total_tokens=16, page_size=16).max_total_tokens == 16
+    # the legacy flags go the same way, and every problem of a command comes together
+    with pytest.raises(ConfigError) as ei:
+        compose_record(argv=["--hicache-ratio", "-2", "--hicache-size", "-3", "--max-total-tokens", "3",
+                             "--page-size", "4"])
+    assert {p.key for p in ei.value.problems} == {"memory.hicache_ratio", "memory.hicache_size",
+                                                  "schedule.max_total_tokens"}
+
+
+def test_checkpoint_config_fills_model_size_fields(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(dict(
+        num_hidden_layers=2, num_key_value_heads=2, hidden_size=64, num_attention_heads=4,
+        intermediate_size=256, vocab_size=32000)))
+    r = make_record(model_path=str(tmp_path))
+    assert (r.num_parameters, r.hidden_size, r.num_attention_heads) == (4219200, 64, 4)   # = the tiny preset's shape

@@ -259,7 +259,7 @@ def test_decode_backup_pool_ignores_live_free_memory(monkeypatch):
     rec = small_record(disaggregation_mode="decode", max_total_tokens=64)
     p = make_plan(rec, hardware=local_hardware())
     assert p.retraction_backup == "host_pool" and p.host_tokens > 0 and p.host_budget_bytes is None
-    assert any("not sized against live free host memory" in n for n in p.notes)
+    assert any("not sized against this machine's host memory" in n for n in p.notes)
     # with HiCache the live reference rule still applies (and 1 GiB is below the reserve)
     with pytest.raises(MemorySetupError):
         make_plan(small_record(enable_hierarchical_cache=True, max_total_tokens=64), hardware=local_hardware())
@@ -309,3 +309,39 @@ def test_failed_registration_is_an_error(monkeypatch):
     rec = small_record(enable_hierarchical_cache=True, hicache_ratio=2.0, hicache_host_memory_fraction=None)
     with pytest.raises(RuntimeError, match="cudaHostRegister"):
         hp.HostKVPool(kv_geometry(rec), "page_first", 64, pin_memory=True)
+
+
+def test_hardware_scope_reaches_spawned_children():
+    """Jobs that allocate in code they do not own (full replay, both PD processes) still see
+    the job's hardware: the scope rides in the environment and is restored afterwards."""
+    import os
+    from sglang_hydra.memory.target import HARDWARE_ENV, hardware_scope
+    code = ("from sglang_hydra.config.testing import make_record; from sglang_hydra.memory.plan import make_plan;"
+            "p = make_plan(make_record(enable_hierarchical_cache=True, max_total_tokens=64, page_size=4));"
+            "print(p.host_memory['note'])")
+    before = os.environ.get(HARDWARE_ENV)
+    with hardware_scope(local_hardware(host_memory_gb=12.5)):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("12.5 GB, hardware.host_memory_gb")
+    assert os.environ.get(HARDWARE_ENV) == before
+    with hardware_scope(preset_hardware("h100_80gb")):
+        from sglang_hydra.memory import build_memory
+        with pytest.raises(ConfigError, match="job=plan"):
+            build_memory(small_record())
+
+
+def test_decode_backup_pool_on_a_small_cpu_host_never_fails(tmp_path):
+    """8 GiB of RAM is below the 10 GiB reserve: HiCache cannot size a host tier there, but
+    a decode server's backup-only pool must still come up."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "meminfo").write_text("MemTotal: 8388608 kB\nMemAvailable: 4194304 kB\n")
+    p = make_plan(small_record(disaggregation_mode="decode", max_total_tokens=64), proc_root=str(proc))
+    assert p.retraction_backup == "host_pool" and p.host_tokens > 0 and p.host_budget_bytes is None
+    with pytest.raises(MemorySetupError):
+        make_plan(small_record(enable_hierarchical_cache=True, max_total_tokens=64), proc_root=str(proc))
+    # stated host RAM is a what-if statement: the rule applies to it
+    with pytest.raises(MemorySetupError):
+        make_plan(small_record(disaggregation_mode="decode", max_total_tokens=64),
+                  hardware=local_hardware(host_memory_gb=8))

@@ -51,7 +51,7 @@ class Model:
     # directory replaces them, with None where its config.json cannot say.
     num_parameters: Optional[int] = arg(
         4219200, "Parameters of the whole model (all experts); with dtype it gives the weight bytes "
-        "a target GPU holds before the KV pool. Unset: unknown (plans for hardware presets need it).",
+        "a target GPU holds before the KV pool. null: unknown (plans for a GPU then stop and ask for it).",
         hydra_only=True, ge=1)
     hidden_size: Optional[int] = arg(64, "Width of the residual stream (config.json hidden_size).",
                                      hydra_only=True, ge=1)
