@@ -41,7 +41,7 @@ class BytesMover:
         self.mem = memory
         self.dpool, self.alloc, self.hpool, self.xfer = (memory.device_pool, memory.allocator,
                                                          memory.host_pool, memory.transfer)
-        self.page_size = self.dpool.page_size
+        self.page_size = self.ps = self.dpool.page_size
         self.device_pages = self.alloc.available_size() // self.page_size
         self.host_pages = self.hpool.page_num if self.hpool is not None else 0
         self.storage = storage

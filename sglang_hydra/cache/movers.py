@@ -32,9 +32,15 @@ __all__ = ["CountingMover", "storage_page_key"]
 Spec = Tuple[Hashable, int, int]
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
 def storage_page_key(unit_key: Hashable, offset: int) -> str:
     """64 lowercase hex characters naming page ``offset`` of unit ``unit_key``; stable across
-    processes (BLAKE2b of a fixed text form), and within the file backend's key alphabet."""
+    processes (BLAKE2b of a fixed text form), and within the file backend's key alphabet.
+    A unit key that already is a 64-hex page hash (one page per unit) is its own key."""
+    if offset == 0 and isinstance(unit_key, str) and len(unit_key) == 64 and _HEX.issuperset(unit_key):
+        return unit_key
     return hashlib.blake2b(f"{unit_key!r}/{int(offset)}".encode(), digest_size=32).hexdigest()
 
 

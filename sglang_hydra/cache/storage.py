@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import re
 import struct
-import tempfile
 import threading
 import uuid
 import warnings
@@ -32,7 +32,8 @@ __all__ = [
     "StorageConfig", "StorageBackend", "FileStorage", "SimStorage", "StorageError",
     "register_storage_backend", "create_storage_backend", "storage_backend_names",
     "page_hashes", "namespace_seed", "parse_size", "storage_config_from_record",
-    "check_page_file", "STORAGE_BATCH_SIZE",
+    "check_page_file", "STORAGE_BATCH_SIZE", "check_storage_key", "check_private_dir",
+    "default_file_storage_dir",
 ]
 
 STORAGE_BATCH_SIZE = 128
@@ -270,6 +271,40 @@ def check_page_file(path, page_bytes: int = 0) -> Optional[str]:
     return read_page_file(path, page_bytes)[0]
 
 
+_KEY_RE = re.compile(r"[0-9a-f]{1,128}")
+
+
+def check_storage_key(key) -> str:
+    """``key`` if it is a page key (1-128 lowercase hex characters), else ValueError: a key
+    with ``/``, ``..``, a NUL or anything else outside the hash alphabet could address a
+    file outside the storage directory."""
+    if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
+        raise ValueError(f"storage key {key!r} is not a page key (1-128 lowercase hex characters)")
+    return key
+
+
+def default_file_storage_dir() -> str:
+    """Per-user default for the file tier: ``$XDG_CACHE_HOME/sglang_hydra/hicache`` (or
+    ``~/.cache/...``), created mode 0700 - not a shared ``/tmp/hicache`` another user could
+    fill with pages of their choosing or read."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "sglang_hydra", "hicache")
+
+
+def check_private_dir(path: str) -> None:
+    """Refuse a storage directory that another user owns or that anyone may write to: its
+    pages would be loaded into the KV cache as they are."""
+    st = os.stat(path)
+    uid = os.getuid() if hasattr(os, "getuid") else st.st_uid
+    if st.st_uid != uid:
+        raise StorageError(f"hicache file storage: {path} belongs to uid {st.st_uid}, not to this user "
+                           f"(uid {uid}); use a directory of your own (file_storage_path or "
+                           f"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR)")
+    if st.st_mode & 0o002:
+        raise StorageError(f"hicache file storage: {path} is writable by every user (mode "
+                           f"{st.st_mode & 0o777:o}); make it private (chmod 700) or use another directory")
+
+
 class FileStorage(StorageBackend):
     """Reference ``HiCacheFile`` with integrity checks and an optional LRU size cap."""
 
@@ -281,8 +316,7 @@ class FileStorage(StorageBackend):
         super().__init__(config)
         cfg = self.config
         extra = cfg.extra_config or {}
-        self.dir = (os.environ.get(self.ENV_DIR) or extra.get("file_storage_path")
-                    or os.path.join(tempfile.gettempdir(), "hicache"))
+        self.dir = os.environ.get(self.ENV_DIR) or extra.get("file_storage_path") or default_file_storage_dir()
         model = (cfg.model_name or "").replace("/", "-")
         shard = ""
         if cfg.pp_size > 1:
@@ -305,10 +339,12 @@ class FileStorage(StorageBackend):
         self._inflight: set = set()                            # temp files of writes in progress
         self.total = 0
         try:
-            os.makedirs(self.dir, exist_ok=True)
+            os.makedirs(self.dir, mode=0o700, exist_ok=True)
         except OSError as exc:
             self.writable = False
             self._warn("mkdir", f"hicache file storage: cannot create {self.dir}: {exc}; storage writes disabled")
+        else:
+            check_private_dir(self.dir)
         self._scan()
 
     # -- helpers
@@ -319,6 +355,9 @@ class FileStorage(StorageBackend):
             warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
     def path(self, key: str) -> str:
+        """The file of ``key``; only chained-hash keys (lowercase hex) are accepted, so no
+        key can name a file outside the storage directory."""
+        check_storage_key(key)
         return os.path.join(self.dir, f"{key}{self.suffix}.bin")
 
     def _scan(self) -> None:
@@ -356,6 +395,7 @@ class FileStorage(StorageBackend):
         return os.path.exists(self.path(key))
 
     def set(self, key, value):
+        check_storage_key(key)
         self.stats["set"] += 1
         if not self.writable:
             self.stats["set_fail"] += 1
@@ -477,6 +517,15 @@ def register_storage_backend(name: str, factory: Callable[[StorageConfig], Stora
     _REGISTRY[name] = factory
 
 
+def register_storage_backend_by_name(name: str, module: str, class_name: str) -> None:
+    """Register a backend class that lives in ``module`` without importing it now."""
+    def factory(config: StorageConfig) -> StorageBackend:
+        return getattr(importlib.import_module(module), class_name)(config)
+
+    factory.__qualname__ = f"{module}.{class_name}"
+    register_storage_backend(name, factory)
+
+
 def storage_backend_names() -> List[str]:
     return sorted(set(_REGISTRY) | set(_UNAVAILABLE) | {"dynamic"})
 
@@ -512,5 +561,7 @@ def create_storage_backend(name: str, config: Optional[StorageConfig] = None) ->
 
 register_storage_backend("file", FileStorage)
 register_storage_backend("sim", SimStorage)
-# Mooncake Store (storage_mooncake.py); imported lazily, fails with an install hint if absent
-register_storage_backend("mooncake", lambda cfg: importlib.import_module(".storage_mooncake", __package__).MooncakeStore(cfg))
+# Backends in modules of their own are named here and imported only when asked for (the
+# module imports this one, never the reverse), so a missing optional package fails with its
+# install hint at creation, not at import.
+register_storage_backend_by_name("mooncake", "sglang_hydra.cache.storage_mooncake", "MooncakeStore")

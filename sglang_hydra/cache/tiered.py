@@ -48,7 +48,7 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 from .radix import RadixTree, TreeNode, _check_weights
 
 __all__ = ["TieredCache", "PrefetchRetries", "Admission", "WRITE_POLICIES", "PREFETCH_POLICIES",
-           "HOST_MODES", "DEFAULT_RETRY_POLL_INTERVAL", "DEFAULT_RETRY_MAX_ATTEMPTS"]
+           "HOST_MODES", "DEFAULT_RETRY_POLL_INTERVAL", "DEFAULT_RETRY_MAX_ATTEMPTS", "UNBOUNDED_PAGES"]
 
 WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
@@ -56,6 +56,8 @@ HOST_MODES = ("cache", "buffer_only")
 #: reference defaults of ``hicache_storage_prefetch_retry_poll_interval`` / ``..._max_attempts``
 DEFAULT_RETRY_POLL_INTERVAL = 8
 DEFAULT_RETRY_MAX_ATTEMPTS = 8
+#: a device tier with no capacity limit (``max_total_tokens`` unset)
+UNBOUNDED_PAGES = 1 << 62
 
 
 class PrefetchRetries:
@@ -597,11 +599,14 @@ class TieredCache(RadixTree):
         u = lo
         end = start + count
         p = start
+        append = out.append
         while p < end:
-            a = p - starts[u]
-            b = min(end, starts[u + 1]) - starts[u]
-            out.append((u, a, b - a))
-            p += b - a
+            first = starts[u]
+            stop = starts[u + 1]
+            if stop > end:
+                stop = end
+            append((u, p - first, stop - p))
+            p = stop
             u += 1
         return out
 

@@ -1,13 +1,15 @@
 """``job.mode=full``: replay a trace through device/host/storage tiers with real KV bytes.
 
-Each page's bytes are derived from its chained key, so every load is checked.
+The replay is :func:`~sglang_hydra.workload.tiered_replay.tiered_replay` with the real-bytes
+mover: the same tree and the same decisions as the byte-free ``job.mode=sim`` (their page
+counts are identical), plus real copies, storage files and a check of every page loaded.
+Each page's bytes are derived from its storage key.
 
-Scheduling (deterministic, from the trace order alone): requests that share a trace
-timestamp arrive together (the Mooncake traces are quantised to ~3 s steps); each
-scheduling pass admits the head of the waiting queue; the next group arrives once the
-queue has drained.  A request's storage prefetch is issued on arrival, and its misses are
-asked again while it waits (``hicache_storage_prefetch_retry_*``, see
-:mod:`sglang_hydra.cache.hicache`).
+Scheduling and prefetch timing are those of the tiered replay (deterministic, from the
+trace alone): requests that share a trace timestamp arrive together and are admitted one
+per scheduling pass; a request's storage prefetch is issued on arrival and retried while it
+waits (``hicache_storage_prefetch_retry_*``); without a storage bandwidth every prefetched
+page has landed by admission.
 
 Bandwidth: the *ceiling* of each transfer direction (D->H, H->D, H->storage,
 storage->H) is measured at start-up on scratch pages with the same page size and the same
@@ -23,14 +25,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
-from ..cache.radix import block_page_keys
-from ..cache.storage import create_storage_backend, page_hashes, storage_config_from_record
+from ..cache.storage import create_storage_backend, storage_config_from_record
 from .metrics import format_rate, nearest_rank
-from .trace import BLOCK_SIZE
 
 __all__ = ["FullReplayResult", "full_replay", "measure_bandwidth", "TIER_DIRECTIONS"]
 
@@ -179,11 +178,6 @@ def measure_bandwidth(cache, pages: int = 32, reps: int = 3) -> Dict[str, float]
     return out
 
 
-def _request_keys(r, page_size, seed_hash=None):
-    ids = block_page_keys(r.hash_ids, r.input_length, page_size, BLOCK_SIZE)
-    return page_hashes([(int(i),) for i in ids], seed_hash)
-
-
 def full_replay(record, requests, *, mode: str = "full", max_requests: Optional[int] = None,
                 tail_threshold_tokens: int = 4096, prefill_us_per_token: float = 50.0,
                 progress: bool = False, policy: Optional[str] = None,
@@ -197,10 +191,8 @@ def full_replay(record, requests, *, mode: str = "full", max_requests: Optional[
     """
     if mode != "full":
         raise ValueError(f"full_replay only runs mode='full', got {mode!r}")
-    from ..cache.hicache import HiCache
-    from ..config.extra_config import parse_extra_config
-    from ..memory import build_memory
     from .replay import select_requests
+    from .tiered_replay import tiered_replay
 
     reqs = select_requests(requests, max_requests, prefill_us_per_token)
     ps = int(record.page_size or 1)
@@ -213,43 +205,26 @@ def full_replay(record, requests, *, mode: str = "full", max_requests: Optional[
     if not getattr(record, "enable_hierarchical_cache", False):
         return _device_only(record, reqs, ps, pol, cfg, tail_threshold_tokens, prefill_us_per_token,
                             progress, t_start)
-    extra = parse_extra_config(getattr(record, "hicache_storage_backend_extra_config", None),
-                               getattr(record, "hicache_storage_backend", None))
     backend = getattr(record, "hicache_storage_backend", None)
-    mem = build_memory(record)
     st = storage
-    cache = None
     try:
         if st is None and backend:
             from ..memory.geometry import kv_geometry
             scfg = storage_config_from_record(record, page_bytes=kv_geometry(record).bytes_per_page)
             st = create_storage_backend(backend, scfg)
-        cache = HiCache(mem, write_policy=record.hicache_write_policy,
-                        host_mode=getattr(record, "hicache_host_memory_mode", "cache") or "cache",
-                        storage=st, prefetch_policy=getattr(record, "hicache_storage_prefetch_policy", "timeout"),
-                        prefetch_threshold=extra.prefetch_threshold,
-                        prefetch_timeout_base=extra.prefetch_timeout_base,
-                        prefetch_timeout_per_ki_token=extra.prefetch_timeout_per_ki_token,
-                        prefetch_retry_poll_interval=getattr(record, "hicache_storage_prefetch_retry_poll_interval", 8),
-                        prefetch_retry_max_attempts=getattr(record, "hicache_storage_prefetch_retry_max_attempts", 8),
-                        eviction_policy=pol, eviction_policy_config=cfg, verify=verify)
-        bw = measure_bandwidth(cache)
-        base = dict(st.get_stats()) if st is not None else {}
-        return _run(cache, reqs, ps, pol, cfg, bw, tail_threshold_tokens, prefill_us_per_token,
-                    progress, t_start, backend, st, base)
+        probe: Dict[str, Any] = {}
+
+        def measure(mover):
+            probe["bw"] = measure_bandwidth(mover)
+            probe["base"] = dict(st.get_stats()) if st is not None else {}
+
+        r = tiered_replay(record, reqs, mover="bytes", storage=st, policy=pol, policy_config=cfg,
+                          verify=verify, progress=progress, on_mover=measure, keep_per_request=True)
+        return _result(r, ps, probe.get("bw", {}), probe.get("base", {}), st, tail_threshold_tokens,
+                       prefill_us_per_token, t_start, backend)
     finally:
-        if cache is not None:
-            cache.close()
-        mem.close()
         if st is not None and storage is None:
             st.close()
-
-
-def _progress(total, enabled):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-    return tqdm(total=total, unit="req", desc="full replay", mininterval=0.25)
 
 
 def _pct(vals):
@@ -257,92 +232,64 @@ def _pct(vals):
     return tuple(float(nearest_rank(s, q)) if s else 0.0 for q in (0.5, 0.9, 0.99))
 
 
-def _admissions(cache, reqs, ps):
-    """Drive the scheduling model of the module doc; yields (request, HiCache.admit result)."""
-    waiting: deque = deque()
-    i, n = 0, len(reqs)
-    while i < n or waiting:
-        if not waiting:                 # idle: the next group of simultaneous arrivals comes in
-            ts = reqs[i].timestamp
-            while i < n and reqs[i].timestamp == ts:
-                cache.arrive(i, _request_keys(reqs[i], ps))
-                waiting.append(i)
-                i += 1
-        cache.scheduling_pass(waiting)
-        j = waiting.popleft()
-        yield reqs[j], cache.admit(j, reqs[j].priority)
-
-
-def _run(cache, reqs, ps, pol, cfg, bw, tail, us, progress, t_start, backend, st, storage_base):
-    ttft, unc = [], []
-    hits = {"device": 0, "host": 0, "storage": 0}
-    inp = 0
+def _result(r, ps, bw, storage_base, st, tail, us, t_start, backend) -> FullReplayResult:
+    """The tiered replay's outcome in the shape of ``job.mode=full`` reports, with the TTFT
+    estimate of the module doc (bytes loaded per request = its tokens x bytes per token)."""
+    bytes_per_token = r.page_bytes / ps if ps else 0.0
     h2d_bw = bw.get("h2d") or 0.0
     sr_bw = bw.get("storage_read") or 0.0
-    bar = _progress(len(reqs), progress)
-    try:
-        for r, o in _admissions(cache, reqs, ps):
-            hit_pages = o["device"] + o["host"] + o["storage"]
-            ht = min(hit_pages * ps, r.input_length)
-            dt = min(o["device"] * ps, r.input_length)
-            hh = min((o["device"] + o["host"]) * ps, r.input_length) - dt
-            hits["device"] += dt
-            hits["host"] += hh
-            hits["storage"] += ht - dt - hh
-            inp += r.input_length
-            u = r.input_length - ht
-            unc.append(u)
-            t = u * us / 1000.0
-            if h2d_bw > 0:
-                t += o["h2d_bytes"] / (h2d_bw * 1e9) * 1000.0
-            if sr_bw > 0:
-                t += o["storage_bytes"] / (sr_bw * 1e9) * 1000.0
-            ttft.append(t)
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-    s = cache.summary_stats()
-    meter = cache.meter
-    n = len(reqs)
+    ttft = []
+    for unc, host, sto in zip(r.uncached_tokens, r.host_hit_tokens, r.storage_hit_tokens):
+        t = unc * us / 1000.0
+        if h2d_bw > 0:
+            t += (host + sto) * bytes_per_token / (h2d_bw * 1e9) * 1000.0
+        if sr_bw > 0:
+            t += sto * bytes_per_token / (sr_bw * 1e9) * 1000.0
+        ttft.append(t)
+    n = r.requests
     p = _pct(ttft)
-    up = _pct(unc)
-    achieved = {d: meter.rate_gbps(d) for d in TIER_DIRECTIONS}
+    achieved = {}
+    for d in TIER_DIRECTIONS:
+        b, sec = r.bytes_moved.get(d, 0), r.transfer_seconds.get(d, 0.0)
+        achieved[d] = b / sec / 1e9 if b > 0 and sec > 0 else None
     ratio = {d: (achieved[d] / bw[d] if achieved[d] is not None and bw.get(d) else None) for d in TIER_DIRECTIONS}
     sstats = {}
     if st is not None:
         for k, v in st.get_stats().items():
             sstats[k] = v - storage_base.get(k, 0) if isinstance(v, (int, float)) else v
+    c = r.counts
+    stats = dict(c)
+    stats.update(verified_pages=r.verified_pages, verify_mismatch_pages=r.verify_mismatch_pages,
+                 storage_wait_s_total=r.storage_wait_s_total)
+    unc = r.uncached_tokens
     return FullReplayResult(
-        mode="full", policy=pol, policy_config=dict(cfg) if cfg else None, write_policy=cache.write_policy,
-        host_mode="buffer_only" if cache.buffer_only else "cache", storage_backend=backend,
-        prefetch_policy=cache.prefetch_policy if st is not None else None,
-        page_size=ps, page_bytes=cache.page_bytes, device_pages=cache.dpool.num_pages,
-        host_pages=cache.hpool.page_num, requests=n, input_tokens=inp, hit_tokens=hits,
-        hit_rate={k: v / inp if inp else 0.0 for k, v in hits.items()},
-        token_hit_rate=sum(hits.values()) / inp if inp else 0.0,
-        bytes_moved={d: meter.bytes(d) for d in TIER_DIRECTIONS},
-        evictions={"device": s["device_evicted_pages"], "device_demoted": s["device_demoted_pages"],
-                   "device_dropped": s["device_dropped_pages"], "host": s["host_evicted_pages"],
-                   "host_reclaimed": s["host_reclaimed_pages"]},
-        prefetch={"issued": s["prefetch_issued"], "completed": s["prefetch_completed"],
-                  "terminated": s["prefetch_terminated"], "below_threshold": s["prefetch_below_threshold"],
-                  "rate_limited": s["prefetch_rate_limited"], "no_host_space": s["prefetch_no_host_space"],
-                  "pages": s["prefetch_pages"], "present_pages": s["prefetch_present_pages"],
-                  "discarded_pages": s["prefetch_discarded_pages"], "retries": s["prefetch_retries"],
-                  "retry_issued": s["prefetch_retry_issued"], "retry_pages": s["prefetch_retry_pages"],
-                  "wait_s": s["prefetch_wait_seconds"]},
+        mode="full", policy=r.policy, policy_config=r.policy_config, write_policy=r.write_policy,
+        host_mode=r.host_mode, storage_backend=backend if r.storage_backend else None,
+        prefetch_policy=r.prefetch_policy, page_size=ps, page_bytes=r.page_bytes,
+        device_pages=r.device_pages or 0, host_pages=r.host_pages, requests=n, input_tokens=r.input_tokens,
+        hit_tokens=dict(r.hit_tokens), hit_rate={k: r.token_hit_rate[k] for k in ("device", "host", "storage")},
+        token_hit_rate=r.token_hit_rate["total"], bytes_moved={d: r.bytes_moved.get(d, 0) for d in TIER_DIRECTIONS},
+        evictions={"device": c["device_evicted_pages"], "device_demoted": c["device_demoted_pages"],
+                   "device_dropped": c["device_dropped_pages"], "host": c["host_evicted_pages"],
+                   "host_reclaimed": c["host_reclaimed_pages"]},
+        prefetch={"issued": c["prefetch_issued"], "completed": c["prefetch_completed"],
+                  "terminated": c["prefetch_terminated"], "below_threshold": c["prefetch_below_threshold"],
+                  "rate_limited": c["prefetch_rate_limited"], "no_host_space": c["prefetch_no_host_space"],
+                  "pages": c["prefetch_used_pages"], "issued_pages": c["prefetch_issued_pages"],
+                  "present_pages": c["prefetch_present_pages"], "dropped_pages": c["prefetch_dropped_pages"],
+                  "retries": c["prefetch_retries"], "retry_issued": c["prefetch_retry_issued"],
+                  "retry_pages": c["prefetch_retry_pages"], "wait_s": r.storage_wait_s_total},
         bandwidth_gbps=bw, achieved_gbps=achieved, bandwidth_ratio=ratio,
-        transfer_seconds={d: meter.seconds(d) for d in TIER_DIRECTIONS},
-        transfer_calls={d: meter.calls(d) for d in TIER_DIRECTIONS},
-        scheduling_passes=s["scheduling_passes"],
-        verified_pages=s["verified_pages"], verify_mismatch_pages=s["verify_mismatch_pages"],
+        transfer_seconds={d: r.transfer_seconds.get(d, 0.0) for d in TIER_DIRECTIONS},
+        transfer_calls={d: r.transfer_calls.get(d, 0) for d in TIER_DIRECTIONS},
+        scheduling_passes=c["scheduling_passes"],
+        verified_pages=r.verified_pages, verify_mismatch_pages=r.verify_mismatch_pages,
         storage_stats=sstats, prefill_us_per_token=us, tail_threshold_tokens=tail,
         frac_uncached_gt_threshold=sum(1 for u in unc if u > tail) / n if n else 0.0,
-        uncached_tokens_p50=up[0], uncached_tokens_p90=up[1], uncached_tokens_p99=up[2],
+        uncached_tokens_p50=r.uncached_tokens_p50, uncached_tokens_p90=r.uncached_tokens_p90,
+        uncached_tokens_p99=r.uncached_tokens_p99,
         ttft_ms_mean=sum(ttft) / n if n else 0.0, ttft_ms_p50=p[0], ttft_ms_p90=p[1], ttft_ms_p99=p[2],
-        wall_time_s=time.perf_counter() - t_start, stats=s)
+        wall_time_s=time.perf_counter() - t_start, stats=stats)
 
 
 def _device_only(record, reqs, ps, pol, cfg, tail, us, progress, t_start):

@@ -1,6 +1,7 @@
 """Replay a request workload against the simulated radix prefix cache.
 
-``mode="metadata"`` replays cache decisions only: requests are served one at a time in
+``mode="metadata"`` replays cache decisions only, through the tiered cache with HiCache off
+(the same tree and code as ``job.mode=sim`` / ``full``): requests are served one at a time in
 input order, the logical clock is the request index, each request matches its longest
 cached prefix, inserts the rest and then evicts unpinned leaves until the tree fits its
 capacity (``replay_rules.md`` §3).  With ``page_size == 512`` and
@@ -19,7 +20,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional
 
 from ..cache.policies import get_policy_info, make_policy
-from ..cache.radix import RadixTree, block_page_keys, block_page_weights
+from ..cache.movers import CountingMover
+from ..cache.radix import block_page_keys, block_page_weights
+from ..cache.tiered import UNBOUNDED_PAGES, TieredCache
 from .metrics import hits_by_depth, nearest_rank, tail_stats
 from .trace import BLOCK_SIZE, Request
 
@@ -74,7 +77,7 @@ class ReplayResult:
     ttft_ms_p90: float
     ttft_ms_p99: float
     wall_time_s: float
-    lookups_per_s: float
+    page_lookups_per_s: float
     per_request_hit_pages: Optional[List[int]] = field(default=None, repr=False)
 
     def to_dict(self, *, include_per_request: bool = False) -> Dict[str, Any]:
@@ -171,7 +174,9 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
     evictions = 0
     pol = make_policy(name, cfg, page_size=page_size)
     if not disabled:
-        tree = RadixTree(capacity, pol)
+        # the tiered cache with HiCache off: the same tree and code as job.mode=sim/full
+        tree = TieredCache(CountingMover(UNBOUNDED_PAGES if capacity is None else capacity), policy=pol,
+                           page_size=page_size, hierarchical=False)
         if pol.needs_future:
             # next use per unit (block); a node's pages are evicted together, and any
             # later request that reads one of a block's pages reads its first page
@@ -252,6 +257,6 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
         ttft_ms_p90=p90 * ms,
         ttft_ms_p99=p99 * ms,
         wall_time_s=wall,
-        lookups_per_s=lookup_pages / wall if wall > 0 else 0.0,
+        page_lookups_per_s=lookup_pages / wall if wall > 0 else 0.0,
         per_request_hit_pages=hits if keep_per_request else None,
     )

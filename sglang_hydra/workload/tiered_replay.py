@@ -26,7 +26,8 @@ from typing import Any, Dict, Iterable, List, Optional
 from ..cache.movers import CountingMover
 from ..cache.policies import get_policy_info, make_policy
 from ..cache.radix import block_page_keys, block_page_weights
-from ..cache.tiered import DEFAULT_RETRY_MAX_ATTEMPTS, DEFAULT_RETRY_POLL_INTERVAL, TieredCache
+from ..cache.tiered import (DEFAULT_RETRY_MAX_ATTEMPTS, DEFAULT_RETRY_POLL_INTERVAL, UNBOUNDED_PAGES,
+                            TieredCache)
 from .metrics import nearest_rank
 from .trace import BLOCK_SIZE, Request
 
@@ -34,8 +35,6 @@ __all__ = ["TieredReplayResult", "tiered_replay", "MOVERS", "TIER_COUNT_KEYS", "
            "sim_host_pages", "UNBOUNDED_PAGES"]
 
 MOVERS = ("count", "bytes")
-#: a device tier with no capacity limit (``max_total_tokens`` unset)
-UNBOUNDED_PAGES = 1 << 62
 #: the per-tier page counts both movers must agree on
 TIER_COUNT_KEYS = (
     "device_hit_pages", "host_hit_pages", "storage_hit_pages", "miss_pages",
@@ -125,6 +124,7 @@ class TieredReplayResult:
     counts: Dict[str, int] = field(default_factory=dict)
     bytes_moved: Dict[str, int] = field(default_factory=dict)       # real-bytes mover only
     transfer_seconds: Dict[str, float] = field(default_factory=dict)
+    transfer_calls: Dict[str, int] = field(default_factory=dict)
     verified_pages: int = 0
     verify_mismatch_pages: int = 0
     device_hit_tokens: Optional[List[int]] = field(default=None, repr=False)
@@ -190,7 +190,8 @@ def tiered_replay(record, requests: Iterable[Request], *, mover: str = "count", 
                   storage_read_bytes_per_s=None, storage=None, policy: Optional[str] = None,
                   policy_config: Optional[Dict[str, Any]] = None, max_requests: Optional[int] = None,
                   keep_per_request: bool = True, verify: bool = True, progress: bool = False,
-                  load_back_threshold: int = 10, block_size: int = BLOCK_SIZE) -> TieredReplayResult:
+                  load_back_threshold: int = 10, block_size: int = BLOCK_SIZE,
+                  on_mover=None) -> TieredReplayResult:
     """Replay ``requests`` under ``record``'s cache settings through the tiered cache.
 
     ``mover``: ``"count"`` (no bytes) or ``"bytes"`` (real pools; the tier sizes are the
@@ -201,6 +202,8 @@ def tiered_replay(record, requests: Iterable[Request], *, mover: str = "count", 
     ``storage_read_gbps``; None = storage reads take no time.  ``storage``: a storage
     backend to use instead of the record's (bytes mover only).  ``policy`` /
     ``policy_config`` override the record's eviction policy (``belady``, ``fifo``).
+    ``on_mover(mover)`` runs once the mover exists, before the first request (the
+    real-bytes replay measures its bandwidth ceilings there).
     """
     if mover not in MOVERS:
         raise ValueError(f"unknown mover {mover!r}; allowed: {', '.join(MOVERS)}")
@@ -255,6 +258,8 @@ def tiered_replay(record, requests: Iterable[Request], *, mover: str = "count", 
                 host_pages = sim_host_pages(record, device_pages, geo.bytes_per_token)
             the_mover = CountingMover(device_pages, host_pages or 0, has_storage=bool(backend),
                                       page_bytes=page_bytes)
+        if on_mover is not None:
+            on_mover(the_mover)
         return _run(record, reqs, the_mover, bytes_mover, timeline, ps, pol_name, pol_cfg, read_rate,
                     hierarchical, backend, host_mode, load_back_threshold, keep_per_request, progress,
                     block_size, page_bytes, t0)
@@ -357,11 +362,12 @@ def _run(record, reqs, the_mover, bytes_mover, timeline, ps, pol_name, pol_cfg, 
     token_rate["total"] = sum(hit_tokens.values()) / inp if inp else 0.0
     up = _pct(unc)
     tp = _pct(ttft) if ttft else (None, None, None)
-    bytes_moved, seconds, verified, mismatched = {}, {}, 0, 0
+    bytes_moved, seconds, calls, verified, mismatched = {}, {}, {}, 0, 0
     if bytes_mover is not None:
         for direction in ("d2h", "h2d", "storage_write", "storage_read"):
             bytes_moved[direction] = bytes_mover.meter.bytes(direction)
             seconds[direction] = bytes_mover.meter.seconds(direction)
+            calls[direction] = bytes_mover.meter.calls(direction)
         verified = bytes_mover.stats["verified_pages"]
         mismatched = bytes_mover.stats["verify_mismatch_pages"]
     return TieredReplayResult(
@@ -390,7 +396,7 @@ def _run(record, reqs, the_mover, bytes_mover, timeline, ps, pol_name, pol_cfg, 
         ttft_s_mean=(sum(ttft) / n if n else 0.0) if ttft is not None else None,
         ttft_s_p50=tp[0], ttft_s_p90=tp[1], ttft_s_p99=tp[2],
         wall_time_s=wall, page_lookups_per_s=lookup_pages / wall if wall > 0 else 0.0,
-        counts=c, bytes_moved=bytes_moved, transfer_seconds=seconds, verified_pages=verified,
+        counts=c, bytes_moved=bytes_moved, transfer_seconds=seconds, transfer_calls=calls, verified_pages=verified,
         verify_mismatch_pages=mismatched,
         device_hit_tokens=dev_tok if keep_per_request else None,
         host_hit_tokens=host_tok if keep_per_request else None,

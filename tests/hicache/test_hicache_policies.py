@@ -1,3 +1,4 @@
+import json
 """Every registered eviction policy drives HiCache (full mode) through cache/policies.py."""
 import pytest
 
@@ -78,12 +79,15 @@ def test_unknown_policy_and_bad_config_are_errors():
         _cache("tlru")                              # no threshold > next_prompt_estimate
 
 
-def test_replay_job_reports_refused_policy(tmp_path):
+def test_replay_job_runs_a_replay_only_policy_in_full_mode(tmp_path):
+    """The full replay is the tiered replay, which sees the whole trace: belady works there
+    too (it used to be refused, when the full mode had a cache of its own)."""
     from sglang_hydra.jobs.context import JobContext
     from sglang_hydra.jobs.replay import run
 
     rec = make_record(enable_hierarchical_cache=True, max_total_tokens=64 * PS, page_size=PS,
                       hicache_io_backend="direct")
-    with pytest.raises(ConfigError, match="job.mode=metadata"):
-        run(rec, {"mode": "full", "policy": "belady", "max_requests": 2, "progress": False},
-            JobContext(output_dir=tmp_path))
+    run(rec, {"mode": "full", "policy": "belady", "max_requests": 2, "progress": False},
+        JobContext(output_dir=tmp_path))
+    out = json.loads((tmp_path / "replay.json").read_text())
+    assert out["policy"] == "belady" and out["requests"] == 2

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from sglang_hydra.cache.storage import StorageConfig, StorageError, create_storage_backend, page_hashes
-from sglang_hydra.cache.storage_mooncake import (HEADER_BYTES, MooncakeMaster, MooncakeStore,
-                                                 MooncakeStoreSettings, mooncake_store_available,
-                                                 parse_segment_size)
+from sglang_hydra.cache.mooncake_master import MooncakeMaster
+from sglang_hydra.cache.storage_mooncake import (HEADER_BYTES, MooncakeStore, MooncakeStoreSettings,
+                                                 mooncake_store_available, parse_segment_size)
 
 needs_mooncake = pytest.mark.skipif(not mooncake_store_available(),
                                     reason="mooncake.store not importable (pip install "

@@ -149,19 +149,20 @@ def test_full_replay_counts_passes_and_retries(tmp_path, interval, attempts, exp
 
 
 def test_record_fields_reach_the_cache(tmp_path, monkeypatch):
+    from sglang_hydra.cache.tiered import TieredCache
     from sglang_hydra.workload import full_replay as fr
 
     seen = {}
-    real = HiCache.__init__
+    real = TieredCache.__init__
 
     def spy(self, *a, **kw):
         seen.update(kw)
         real(self, *a, **kw)
 
-    monkeypatch.setattr(HiCache, "__init__", spy)
+    monkeypatch.setattr(TieredCache, "__init__", spy)
     rec = make_record(enable_hierarchical_cache=True, max_total_tokens=64 * PS, page_size=PS,
                       hicache_io_backend="direct", hicache_storage_prefetch_retry_poll_interval=3,
                       hicache_storage_prefetch_retry_max_attempts=5)
     fr.full_replay(rec, [SimpleNamespace(timestamp=0.0, input_length=32, output_length=1, hash_ids=(1,),
                                          priority=0)])
-    assert seen["prefetch_retry_poll_interval"] == 3 and seen["prefetch_retry_max_attempts"] == 5
+    assert seen["retry_poll_interval"] == 3 and seen["retry_max_attempts"] == 5
