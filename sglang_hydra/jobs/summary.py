@@ -309,6 +309,9 @@ def _context_title(rows) -> str:
     trace = r.get("trace") or "trace"
     model = r.get("model") or r["_overrides"].get("model") or "model"
     hw = r.get("hardware") or r["_overrides"].get("hardware") or "no hardware"
+    scale = _num(r.get("time_scale"))
+    if scale is not None and scale != 1.0:
+        trace += f" (arrival times x{scale:g})"
     return f"{trace}  |  {model} on {hw}"
 
 
