@@ -27,7 +27,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List
 
 from ..config.errors import ConfigError, Problem
 from .context import JobContext

@@ -11,7 +11,6 @@ no bytes; the default when HiCache is on) and ``full`` (real KV bytes).
 from __future__ import annotations
 
 import json
-import math
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -163,7 +162,8 @@ def run(record, job: dict, ctx: JobContext) -> float:
     direction = objective_direction(objective)
     hardware = getattr(ctx, "hardware", None)
     plan = memory_plan(record, hardware)
-    record = sized_for_target(record, hardware, plan)
+    if mode != "full":      # full mode allocates real pools here, sized by the record itself
+        record = sized_for_target(record, hardware, plan)
     timeline, no_ttft = make_timeline(record, hardware)
     time_scale = float(job.get("time_scale", 1.0) or 1.0)
     if time_scale <= 0:
