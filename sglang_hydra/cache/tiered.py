@@ -68,22 +68,39 @@ class PrefetchRetries:
     request re-issues at most ``max_attempts`` times; the queue head is never held back by a
     speculative retry (its pending miss is dropped, it is admitted with what the tiers
     hold).  ``interval <= 0`` or ``max_attempts <= 0`` disables retries.
+
+    Due misses sit in a heap keyed by the pass they are due at, so a pass costs the retries
+    it returns, not the length of the queue (a long queue behind a busy engine would
+    otherwise make every pass scan it).  Ready requests come back in queue order: arrival
+    order when :meth:`note_arrival` was told, else their position in ``waiting``.
     """
 
     def __init__(self, interval: int, max_attempts: int):
         self.interval = int(interval)
         self.max_attempts = int(max_attempts)
         self.step = 0
-        self._due: Dict[Hashable, Optional[int]] = {}
+        self._due: Dict[Hashable, int] = {}
+        self._heap: list = []
+        self._pushes = 0
         self._attempts: Dict[Hashable, int] = {}
+        self._arrival: Dict[Hashable, int] = {}
+        self._arrivals = 0
 
     @property
     def enabled(self) -> bool:
         return self.interval > 0 and self.max_attempts > 0
 
+    def note_arrival(self, rid: Hashable) -> None:
+        self._arrivals += 1
+        self._arrival[rid] = self._arrivals
+
     def poll_miss(self, rid: Hashable) -> None:
         if self.enabled and self._attempts.get(rid, 0) < self.max_attempts:
-            self._due[rid] = None
+            # first seen by the next pass (step + 1), due ``interval`` passes after that
+            due = self.step + 1 + self.interval
+            self._due[rid] = due
+            self._pushes += 1
+            heappush(self._heap, (due, self._pushes, rid))
 
     def attempts(self, rid: Hashable) -> int:
         return self._attempts.get(rid, 0)
@@ -91,28 +108,34 @@ class PrefetchRetries:
     def forget(self, rid: Hashable) -> None:
         self._due.pop(rid, None)
         self._attempts.pop(rid, None)
+        self._arrival.pop(rid, None)
 
     def pop_ready(self, waiting: Sequence[Hashable]) -> List[Hashable]:
         """One scheduling pass: the waiting requests (queue order) whose retry is due now."""
         self.step += 1
         if not waiting or not self._due:
             return []
-        self._due.pop(waiting[0], None)
+        due_of = self._due
+        due_of.pop(waiting[0], None)
+        heap = self._heap
         ready = []
-        for rid in waiting:
-            if rid not in self._due:
+        while heap and heap[0][0] <= self.step:
+            due, _, rid = heappop(heap)
+            if due_of.get(rid) != due:          # dropped, re-registered later, or already served
                 continue
-            if self._attempts.get(rid, 0) >= self.max_attempts:
-                del self._due[rid]
+            del due_of[rid]
+            n = self._attempts.get(rid, 0)
+            if n >= self.max_attempts:
                 continue
-            due = self._due[rid]
-            if due is None:
-                due = self._due[rid] = self.step + self.interval
-            if due > self.step:
-                continue
-            del self._due[rid]
-            self._attempts[rid] = self._attempts.get(rid, 0) + 1
+            self._attempts[rid] = n + 1
             ready.append(rid)
+        if len(ready) > 1:
+            arrival = self._arrival
+            if all(r in arrival for r in ready):
+                ready.sort(key=arrival.__getitem__)
+            else:
+                pos = {r: i for i, r in enumerate(waiting)}
+                ready.sort(key=lambda r: pos.get(r, len(pos)))
         return ready
 
 
@@ -448,8 +471,9 @@ class TieredCache(RadixTree):
         while freed < num_pages and heap:
             entry = heappop(heap)
             node = entry[2]
-            if (node.heap_seq != entry[1] or node.device is None or node.device_children
-                    or node.parent is None):
+            # an entry is current while its seq is the node's: freeing the device copy resets
+            # heap_seq, so only "has a device child now" is left to check
+            if node.heap_seq != entry[1] or node.device_children:
                 continue
             if node.lock_ref:
                 held.append(entry)
@@ -528,8 +552,9 @@ class TieredCache(RadixTree):
         while freed < num_pages and heap:
             entry = heappop(heap)
             node = entry[2]
-            if (node.host_heap_seq != entry[1] or node.host is None or node.device is not None
-                    or node.children or node.parent is None):
+            # current while its seq is the node's: freeing the host copy or loading the node
+            # to the device resets host_heap_seq; only "has a child now" is left to check
+            if node.host_heap_seq != entry[1] or node.children:
                 continue
             if node.lock_ref:
                 held.append(entry)
@@ -718,6 +743,7 @@ class TieredCache(RadixTree):
             raise ValueError(f"request {rid!r} is already waiting")
         w = _Waiting(keys, _check_weights(keys, weights))
         self.waiting[rid] = w
+        self.retries.note_arrival(rid)
         if self.has_storage:
             self._issue_prefetch(rid, w, now_s)
 

@@ -167,3 +167,32 @@ def test_random_traces_count_identically(tmp_path, seed, wp, storage, policy, de
     sim, full = both(rec, reqs, timeline_factory=FakeTimeline if bandwidth else None,
                      storage_read_bytes_per_s=rate)
     assert_identical(sim, full)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), wp=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
+       storage=st.booleans(), buffer_only=st.booleans(), dev=st.integers(4, 30), host=st.integers(0, 40),
+       policy=st.sampled_from(["lru", "lfu", "slru", "ghost_lru", "fifo"]))
+def test_tree_invariants_hold_after_every_request(seed, wp, storage, buffer_only, dev, host, policy):
+    """Device set prefix-closed, device-child counts, page totals within the tiers, no lock
+    left behind - after every admission, also with prefetches in flight."""
+    from sglang_hydra.cache.movers import CountingMover
+    from sglang_hydra.cache.policies import make_policy
+    from sglang_hydra.cache.radix import block_page_weights
+    from sglang_hydra.cache.tiered import TieredCache
+
+    buffer_only = buffer_only and storage and host > 0
+    cache = TieredCache(CountingMover(dev, host, has_storage=storage, page_bytes=4096), policy=make_policy(policy),
+                        page_size=PS, write_policy=wp, host_mode="buffer_only" if buffer_only else "cache",
+                        prefetch_threshold=PS, storage_read_bytes_per_s=4096 * 50 if seed % 2 else None)
+    reqs = conversation_trace(seed, n=50)
+    waiting = []
+    for i, r in enumerate(reqs):
+        cache.arrive(i, r.hash_ids, block_page_weights(r.hash_ids, r.input_length, PS, BLOCK), r.timestamp / 1000)
+        waiting.append(i)
+        if i % 3 == 2 or i == len(reqs) - 1:          # admit in small groups: prefetches wait
+            while waiting:
+                cache.scheduling_pass(waiting, r.timestamp / 1000)
+                adm = cache.admit(waiting.pop(0), clock=i, now_s=r.timestamp / 1000)
+                assert adm.hit_pages <= adm.lookup_pages
+                cache.check_invariants()

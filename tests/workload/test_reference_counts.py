@@ -20,11 +20,10 @@ EXPECTED = {
     "belady": {1000: 51705, 4000: 92472, 16000: 105710, 64000: 105710},
 }
 
-pytestmark = pytest.mark.skipif(not TRACE.exists(), reason="full conversation trace not present")
-
-
 @pytest.fixture(scope="module")
 def trace():
+    # a missing trace is a failure, never a silent skip
+    assert TRACE.exists(), f"the conversation trace is needed at {TRACE}"
     return load_trace(TRACE)
 
 
