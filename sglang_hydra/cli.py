@@ -196,6 +196,9 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
     from .jobs.context import JobContext
 
     register_configs(None if _shows_config(hydra_flags) else _fields_named(cmd))
+    if any("sweeper=optuna" in o for o in cmd.hydra_only):
+        from .jobs.sweeps import register_sweeper_defaults   # the study's direction follows job.objective
+        register_sweeper_defaults()
     single_run: dict = {}
 
     def task(cfg):

@@ -86,7 +86,11 @@ def parse_overrides(texts: Sequence[str], cmd: Command, *, allow_sweep: bool = F
             cmd.sweep = True
             if not allow_sweep:
                 cmd.problems.append(Problem(key, _flag_of_key(key), f"{text!r} is a sweep; run it with -m (multirun)", "override"))
+            elif ov.is_interval_sweep():
+                _check_numeric_sweep(key, keys, cmd)
             else:
+                if ov.is_range_sweep():
+                    _check_numeric_sweep(key, keys, cmd)
                 cmd.problems += _check_sweep_values(ov, text, keys)
             cmd.hydra_overrides.append(text)
             continue
@@ -182,6 +186,24 @@ def check_choices(cmd: Command) -> List[Problem]:
 def hydra_problem(exc: BaseException) -> Problem:
     """One problem line for an error Hydra or OmegaConf raised while composing."""
     return Problem("", None, _hydra_message(exc), "hydra")
+
+
+def _check_numeric_sweep(key: str, keys: Dict[str, str], cmd: Command) -> None:
+    """interval()/range() only make sense on a number; a string or bool field gets a clear problem."""
+    import typing
+    name = keys.get(key)
+    if name is None:
+        return
+    tp = FIELDS[name].type
+    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) is typing.Union else [tp]
+    if not any(a in (int, float) for a in args):
+        allowed = FIELDS[name].arg.choices
+        if isinstance(allowed, str):
+            from .choices import choices as registry
+            allowed = registry(allowed)
+        hint = f"use choice({', '.join(map(str, allowed))})" if allowed else "use choice(...) with its values"
+        cmd.problems.append(problem_for(name, f"interval()/range() need a numeric field, but {key} is "
+                                        f"{getattr(args[0], '__name__', args[0])}; {hint}", "override"))
 
 
 def _flag_of_key(key: str) -> Optional[str]:

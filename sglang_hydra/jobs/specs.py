@@ -43,10 +43,12 @@ class ReplayJob:
     trace: Optional[str] = None          # Mooncake JSONL; unset: the bundled sample
     workload: str = "trace"              # trace | synthetic
     max_requests: Optional[int] = None
-    mode: str = "metadata"
+    mode: Optional[str] = None           # metadata | sim | full; unset: sim with HiCache, else metadata
     policy: Optional[str] = None         # replay-only policies (belady, fifo) override the record's
     tail_threshold_tokens: int = 4096
-    prefill_us_per_token: float = 50.0
+    objective: str = "ttft_p90_ms"       # the value a sweep optimises (see OBJECTIVES)
+    max_host_memory_gb: Optional[float] = None   # a budget: points above it are infeasible
+    time_scale: float = 1.0              # arrival times x this (2: the trace at half its request rate)
     on_bad_line: str = "fail"            # fail | skip
     format: str = "table"                # table | json
     progress: bool = True
@@ -95,6 +97,25 @@ class LaunchJob:
 
 
 @dataclass
+class CalibrateJob:
+    """Measure prefill efficiency and host<->device bandwidth on this GPU; write a hardware preset."""
+
+    name: str = "calibrate"
+    device: str = "cuda"                 # cuda | cpu (cpu: a rehearsal with tiny shapes, not a calibration)
+    preset_name: Optional[str] = None    # name of the written preset (default: calibrated_<gpu>)
+    repeats: int = 5
+    format: str = "table"                # table | json
+
+
+#: what job.objective may name, and which way is better
+OBJECTIVES: Dict[str, str] = {
+    "ttft_p50_ms": "minimize", "ttft_p90_ms": "minimize", "ttft_p99_ms": "minimize",
+    "ttft_mean_ms": "minimize", "token_hit_rate": "maximize", "block_hit_rate": "maximize",
+    "prefill_throughput": "maximize", "host_memory_gb": "minimize",
+}
+
+
+@dataclass
 class PlanJob:
     """Print the memory plan for the selected hardware, allocating nothing."""
 
@@ -117,7 +138,9 @@ JOB_SPECS: Dict[str, JobSpec] = {
     "setup": JobSpec(SetupJob, "sglang_hydra.jobs.setup:run", {"format": ("table", "json")}),
     "replay": JobSpec(ReplayJob, "sglang_hydra.jobs.replay:run", {
         "format": ("table", "json"), "on_bad_line": ("fail", "skip"), "workload": ("trace", "synthetic"),
-        "mode": ("metadata", "full")}),
+        "mode": (None, "metadata", "sim", "full"), "objective": tuple(OBJECTIVES)}),
+    "calibrate": JobSpec(CalibrateJob, "sglang_hydra.jobs.calibrate:run", {
+        "device": ("cuda", "cpu"), "format": ("table", "json")}),
     "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd:run_side"),
     "pd_pair": JobSpec(PdPairJob, "sglang_hydra.jobs.pd:run_pair", {"format": ("table", "json")}),
     "launch": JobSpec(LaunchJob, "sglang_hydra.jobs.launch:run"),

@@ -1,0 +1,248 @@
+"""Sweeps through the real command line: summary tables and plots, failed points, Optuna,
+and the launchers (joblib, submitit_local, a local Ray instance)."""
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+SMALL = ("schedule.page_size=512", "job.max_requests=150", "job.mode=metadata")
+
+
+def run(*args, cwd, timeout=300, env=None):
+    return subprocess.run([sys.executable, "-m", "sglang_hydra", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+
+
+def rows_of(path: Path):
+    return list(csv.DictReader(path.open()))
+
+
+def test_grid_sweep_summary_best_config_and_plots(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = run("-m", "schedule.max_total_tokens=51200,204800", "memory.radix_eviction_policy=lru,ghost_lru",
+            "job.objective=token_hit_rate", *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = rows_of(sweep / "summary.csv")
+    assert len(rows) == 4 and all(row["status"] == "ok" for row in rows)
+    head = list(rows[0])
+    assert head[:4] == ["run", "status", "schedule.max_total_tokens", "memory.radix_eviction_policy"]
+    for col in ("token_hit_rate", "device_hit_rate", "host_hit_rate", "storage_hit_rate", "host_memory_gb"):
+        assert col in head
+    assert not (sweep / "failed.csv").exists()
+    # best point by token_hit_rate (maximize), written for --config
+    best = max(rows, key=lambda row: float(row["token_hit_rate"]))
+    cfg = yaml.safe_load((sweep / "best_config.yaml").read_text())
+    assert cfg["schedule.max_total_tokens"] == int(best["schedule.max_total_tokens"])
+    assert cfg["memory.radix_eviction_policy"] == best["memory.radix_eviction_policy"]
+    assert not any(k.startswith("job") for k in cfg)
+    r2 = run("--config", str(sweep / "best_config.yaml"), "job=resolve", "job.format=json", cwd=tmp_path)
+    assert r2.returncode == 0, r2.stderr
+    assert json.loads(r2.stdout)["radix_eviction_policy"] == best["memory.radix_eviction_policy"]
+    assert (sweep / "summary.png").stat().st_size > 10_000
+
+
+def test_points_over_the_host_budget_are_listed_not_fatal(tmp_path):
+    # tiny model: 256 KV bytes per token; 102,400 device tokens x ratio -> 26 MB x ratio on the host
+    sweep = tmp_path / "sweep"
+    r = run("-m", "memory=hicache", "memory.hicache_ratio=1.5,4", "schedule.max_total_tokens=102400",
+            "job.max_host_memory_gb=0.06", "job.objective=token_hit_rate", *SMALL, f"hydra.sweep.dir={sweep}",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {row["memory.hicache_ratio"]: row for row in rows_of(sweep / "summary.csv")}
+    assert rows["1.5"]["status"] == "ok" and rows["4"]["status"] == "infeasible"
+    failed = rows_of(sweep / "failed.csv")
+    assert len(failed) == 1 and "max_host_memory_gb" in failed[0]["error"]
+    assert "memory.hicache_ratio=4" in failed[0]["overrides"]
+
+
+def test_single_run_over_the_host_budget_exits_2(tmp_path):
+    r = run("memory=hicache", "memory.hicache_ratio=4", "schedule.max_total_tokens=102400",
+            "job.max_host_memory_gb=0.06", *SMALL, cwd=tmp_path)
+    assert r.returncode == 2 and "job.max_host_memory_gb" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_optuna_follows_the_objective_and_survives_failed_trials(tmp_path):
+    sweep = tmp_path / "opt"
+    r = run("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=6", "hydra.sweeper.sampler.seed=1",
+            "memory=hicache", "memory.hicache_ratio=interval(1,8)", "memory.radix_eviction_policy=choice(lru,ghost_lru)",
+            "schedule.max_total_tokens=102400", "job.max_host_memory_gb=0.09", "job.objective=token_hit_rate",
+            *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Directions: ['maximize']" in r.stdout + r.stderr
+    rows = rows_of(sweep / "summary.csv")
+    assert len(rows) == 6
+    # interval(1,8) on a float field samples floats; points above 0.09 GB (ratio > ~3.4) fail
+    ratios = [float(row["memory.hicache_ratio"]) for row in rows]
+    assert any(x != int(x) for x in ratios)
+    bad = [row for row in rows if float(row["memory.hicache_ratio"]) * 102400 * 256 > 0.09e9]
+    assert all(row["status"] == "infeasible" for row in bad)
+    result = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    ok = [row for row in rows if row["status"] == "ok"]
+    assert result["best_value"] == pytest.approx(max(float(row["token_hit_rate"]) for row in ok))
+    best = yaml.safe_load((sweep / "best_config.yaml").read_text())
+    assert best["memory.hicache_ratio"] == pytest.approx(result["best_params"]["memory.hicache_ratio"])
+    assert best["memory"] == "hicache"
+
+
+def test_optuna_interval_on_a_string_key_is_a_config_error(tmp_path):
+    r = run("-m", "hydra/sweeper=optuna", "memory.radix_eviction_policy=interval(1,8)", *SMALL,
+            f"hydra.sweep.dir={tmp_path}/opt", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "memory.radix_eviction_policy" in r.stderr and "choice(" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "opt").exists()
+
+
+def _two_point_sweep(tmp_path, *launcher, timeout=300, env=None):
+    sweep = tmp_path / "sweep"
+    r = run("-m", *launcher, "memory.radix_eviction_policy=lru,lfu", *SMALL, "job.objective=token_hit_rate",
+            f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=timeout, env=env)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    rows = rows_of(sweep / "summary.csv")
+    assert sorted(row["memory.radix_eviction_policy"] for row in rows) == ["lfu", "lru"]
+    assert all(row["status"] == "ok" and float(row["token_hit_rate"]) > 0 for row in rows)
+    return sweep
+
+
+def test_joblib_launcher(tmp_path):
+    _two_point_sweep(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+
+
+def test_submitit_local_launcher(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    sweep = _two_point_sweep(tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5")
+    assert list(sweep.glob(".submitit/*/*_log.out"))
+
+
+def _processes_mentioning(text: str):
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if text in (p / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(p.name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.mark.slow
+def test_ray_launcher_on_a_private_local_instance(tmp_path):
+    """ray.init starts a Ray instance on 127.0.0.1 inside the sweep's own process (its own
+    temp dir, no dashboard, 2 CPUs); it is gone when the command ends."""
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+    import shutil
+    import tempfile
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))   # Ray's socket paths must stay < 108 bytes
+    try:
+        _two_point_sweep(tmp_path, "hydra/launcher=ray_local", "+hydra.launcher.ray.init.num_cpus=2",
+                         f"+hydra.launcher.ray.init._temp_dir={ray_tmp}", timeout=240,
+                         env={"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"})
+    finally:
+        leftovers = _processes_mentioning(str(ray_tmp))
+        for pid in leftovers:     # only processes of the instance this test started
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert not leftovers
+
+
+def test_operator_question_sim_sweep_on_target_hardware(tmp_path):
+    """The operator's sweep, on 400 requests: TTFT per point from the tiered sim + timeline,
+    host memory from the plan for h100_80gb, plots and a best config that --config takes."""
+    sweep = tmp_path / "sweep"
+    r = run("-m", "model=llama3_8b", "hardware=h100_80gb", "memory=hicache", "memory.hicache_ratio=1,4",
+            "memory.radix_eviction_policy=lru,ghost_lru", "job.max_requests=400", "schedule.max_total_tokens=65536",
+            f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = rows_of(sweep / "summary.csv")
+    assert len(rows) == 4 and all(row["status"] == "ok" for row in rows)
+    for row in rows:
+        assert json.loads((sweep / row["run"] / "replay.json").read_text())["mode"] == "sim"
+        assert 0 < float(row["ttft_p50_ms"]) <= float(row["ttft_p90_ms"]) <= float(row["ttft_p99_ms"])
+        total = float(row["device_hit_rate"]) + float(row["host_hit_rate"]) + float(row["storage_hit_rate"])
+        assert total == pytest.approx(float(row["token_hit_rate"]))
+    by_ratio = {row["memory.hicache_ratio"]: float(row["host_memory_gb"]) for row in rows}
+    # 65,536 device tokens x 128 KiB per token x ratio (the plan for the target, in GB)
+    assert by_ratio["4"] == pytest.approx(4 * by_ratio["1"], rel=1e-3)
+    assert by_ratio["1"] == pytest.approx(65536 * 131072 / 1e9, rel=1e-3)
+    best = min(rows, key=lambda row: float(row["ttft_p90_ms"]))
+    cfg = yaml.safe_load((sweep / "best_config.yaml").read_text())
+    assert cfg["hardware"] == "h100_80gb" and cfg["model"] == "llama3_8b"
+    assert str(cfg["memory.hicache_ratio"]) == best["memory.hicache_ratio"]
+    for png in ("summary.png", "pareto.png"):
+        assert (sweep / png).stat().st_size > 10_000
+    assert "ttft_assumptions" in json.loads((sweep / "0" / "replay.json").read_text())
+
+
+# ----------------------------------------------------------------------------- summary, in process
+def _job(sweep, name, overrides, metrics=None, error=None):
+    d = sweep / name
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
+    if metrics is not None:
+        (d / "metrics.json").write_text(json.dumps(metrics))
+    if error is not None:
+        (d / "error.json").write_text(json.dumps(error))
+
+
+def test_pareto_front_by_hand():
+    from sglang_hydra.jobs.summary import pareto_front
+    pts = [(10, 5.0), (20, 3.0), (20, 4.0), (40, 3.0), (80, 1.0), (5, 9.0)]
+    assert sorted(pareto_front(pts)) == [0, 1, 4, 5]
+
+
+def test_summary_lists_failed_and_infeasible_points_and_picks_the_best(tmp_path):
+    from sglang_hydra.jobs.summary import write_summary
+    sweep = tmp_path / "sweep"
+    base = dict(objective="ttft_p90_ms", objective_direction="minimize", token_hit_rate=0.1, device_hit_rate=0.08,
+                host_hit_rate=0.02, storage_hit_rate=0.0, trace="t.jsonl", model="llama3_8b", hardware="h100_80gb",
+                offered_load=0.5)
+    _job(sweep, "0", ["memory.hicache_ratio=1", "memory.radix_eviction_policy=lru"],
+         dict(base, status="ok", ttft_p90_ms=900.0, host_memory_gb=50.0))
+    _job(sweep, "1", ["memory.hicache_ratio=2", "memory.radix_eviction_policy=lru"],
+         dict(base, status="ok", ttft_p90_ms=700.0, host_memory_gb=100.0))
+    _job(sweep, "2", ["memory.hicache_ratio=4", "memory.radix_eviction_policy=lru"],
+         dict(base, status="infeasible", status_reason="host memory 200 GB exceeds job.max_host_memory_gb=150",
+              ttft_p90_ms=500.0, host_memory_gb=200.0))
+    _job(sweep, "3", ["memory.hicache_ratio=1", "memory.radix_eviction_policy=ghost_lru"],
+         error={"overrides": ["memory.hicache_ratio=1", "memory.radix_eviction_policy=ghost_lru"],
+                "error": "RuntimeError: boom", "exit_code": 1})
+    (sweep / "4").mkdir()       # a job that died before writing anything but its directory
+    (sweep / "4" / ".hydra").mkdir()
+    rows = write_summary(sweep)
+    status = {r["run"]: r["status"] for r in rows}
+    assert status == {"0": "ok", "1": "ok", "2": "infeasible", "3": "failed", "4": "failed"}
+    failed = {r["run"]: r for r in rows_of(sweep / "failed.csv")}
+    assert set(failed) == {"2", "3", "4"}
+    assert "boom" in failed["3"]["error"] and failed["3"]["exit_code"] == "1"
+    assert "max_host_memory_gb" in failed["2"]["error"]
+    # the best feasible point, not the infeasible one with lower TTFT
+    best = yaml.safe_load((sweep / "best_config.yaml").read_text())
+    assert best == {"memory.hicache_ratio": 2, "memory.radix_eviction_policy": "lru"}
+    cols = list(rows_of(sweep / "summary.csv")[0])
+    assert cols[:4] == ["run", "status", "memory.hicache_ratio", "memory.radix_eviction_policy"]
+    assert (sweep / "summary.png").is_file() and (sweep / "pareto.png").is_file()
+
+
+def test_a_nan_trial_under_optuna_becomes_a_failed_job_return(tmp_path, monkeypatch):
+    from hydra.core.utils import JobReturn, JobStatus
+    from sglang_hydra.jobs import summary, sweeps
+    monkeypatch.setattr(sweeps, "under_optuna", lambda: True)
+    (tmp_path / "metrics.json").write_text(json.dumps({"status": "infeasible", "status_reason": "over budget"}))
+    ret = JobReturn(status=JobStatus.COMPLETED, _return_value=float("nan"))
+    assert summary.mark_failed_trial(ret, tmp_path)
+    assert ret.status == JobStatus.FAILED
+    with pytest.raises(RuntimeError, match="over budget"):
+        ret.return_value
+    good = JobReturn(status=JobStatus.COMPLETED, _return_value=1.5)
+    assert not summary.mark_failed_trial(good, tmp_path) and good.return_value == 1.5
+    monkeypatch.setattr(sweeps, "under_optuna", lambda: False)
+    grid = JobReturn(status=JobStatus.COMPLETED, _return_value=float("nan"))
+    assert not summary.mark_failed_trial(grid, tmp_path) and grid.status == JobStatus.COMPLETED
