@@ -34,7 +34,7 @@ def test_pd_resolve_prints_both_records_and_the_router(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
         "prefill: --model-path tiny --tp-size 2 --disaggregation-mode prefill",   # record (reference) order
-        "decode: --model-path tiny --disaggregation-mode decode --port 30001",
+        "decode: --model-path tiny --port 30001 --disaggregation-mode decode",
         "router: --pd-disaggregation --prefill http://127.0.0.1:30000 8998 --decode http://127.0.0.1:30001 "
         "--host 127.0.0.1 --port 8000 --prometheus-host 127.0.0.1 --prometheus-port 29000",
     ]
@@ -47,9 +47,9 @@ def test_pd_from_a_config_file_with_side_sections(tmp_path):
     r = run("--config", "server.yaml", "job=resolve", "job.format=argv", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0] == ("prefill: --model-path meta-llama/Llama-3.1-8B-Instruct --disaggregation-mode prefill "
-                        "--tp-size 2 --page-size 16")
-    assert lines[1].endswith("--disaggregation-mode decode --page-size 16 --port 31000")
+    assert lines[0] == ("prefill: --model-path meta-llama/Llama-3.1-8B-Instruct --page-size 16 "
+                        "--tp-size 2 --disaggregation-mode prefill")
+    assert lines[1].endswith("--page-size 16 --port 31000 --disaggregation-mode decode")
     assert "--decode http://127.0.0.1:31000" in lines[2]
 
 

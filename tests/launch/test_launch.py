@@ -35,8 +35,8 @@ def test_dry_run_prints_every_command_and_starts_nothing(tmp_path):
     lines = r.stdout.splitlines()
     assert lines[0] == "# prefill (health: http://127.0.0.1:30000/health)"
     assert lines[1] == ("/opt/sglang/bin/python -m sglang.launch_server --model-path llama3_8b "
-                        "--disaggregation-mode prefill --tp-size 4")
-    assert lines[3].endswith("--disaggregation-mode decode --port 30001")
+                        "--tp-size 4 --disaggregation-mode prefill")
+    assert lines[3].endswith("--port 30001 --disaggregation-mode decode")
     assert lines[4] == "# router (health: http://127.0.0.1:8000/health)"
     assert lines[5].startswith("/opt/sglang/bin/python -m sglang_router.launch_router --pd-disaggregation "
                                "--prefill http://127.0.0.1:30000 8998 --decode http://127.0.0.1:30001")
