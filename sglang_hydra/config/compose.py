@@ -172,11 +172,29 @@ def _check_sweep_values(ov, text: str, keys: Dict[str, str]) -> List[Problem]:
     return problems
 
 
+def _searchpath_dirs(cmd: Command) -> List[Path]:
+    """Local directories a ``hydra.searchpath=[file://...]`` override adds to Hydra's search path."""
+    dirs = []
+    for text in cmd.hydra_only:
+        key, _, value = text.partition("=")
+        if key.lstrip("+~") != "hydra.searchpath":
+            continue
+        for item in value.strip("[]").split(","):
+            item = item.strip().strip("'\"")
+            if item.startswith("file://"):
+                dirs.append(Path(item[len("file://"):]))
+    return dirs
+
+
 def check_choices(cmd: Command) -> List[Problem]:
-    """Group selections (``memory=hicache``, ``job=setup``) that name no preset or job."""
+    """Group selections (``memory=hicache``, ``job=setup``) that name no preset or job (in conf/
+    or in a directory that ``hydra.searchpath`` adds)."""
     problems = []
+    extra_dirs = _searchpath_dirs(cmd)
     for group, option in cmd.choices.items():
-        options = group_options(group)
+        options = list(group_options(group))
+        for d in extra_dirs:
+            options += sorted(p.stem for p in (d / group).glob("*.yaml")) if (d / group).is_dir() else []
         if option not in options:
             kind = "job" if group == "job" else "preset"
             problems.append(Problem(group, None, no_such_option(group, option, options, kind), "override"))

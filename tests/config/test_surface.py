@@ -33,9 +33,12 @@ def test_every_reference_field_is_a_field_of_its_namespace():
     for f in SNAP["fields"]:
         assert f["name"] in FIELDS, f["name"]
         assert FIELDS[f["name"]].namespace == top_namespace(f["namespace"]), f["name"]
-    # Our own additions are only the model's KV geometry (hydra_only).
+    # Our own additions are hydra_only (no flag): the model's KV geometry and size, and the PD
+    # bootstrap secret.
     extra = [n for n in FIELDS if n not in reference_fields()]
-    assert extra and all(FIELDS[n].arg.hydra_only and FIELDS[n].namespace == "model" for n in extra)
+    assert extra and all(FIELDS[n].arg.hydra_only for n in extra)
+    assert {FIELDS[n].namespace for n in extra} == {"model", "disagg"}
+    assert [n for n in extra if FIELDS[n].namespace == "disagg"] == ["disaggregation_bootstrap_secret"]
 
 
 def test_record_follows_the_reference_positional_order():

@@ -23,14 +23,14 @@ COMMAND_TIMEOUT_S = 600
 # The set-up commands, skipped by name: installing is what produced this environment, and the
 # test command runs this suite (recursion).
 SETUP_COMMANDS = (
-    'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e ".[mooncake,nixl,slurm,test]" && sglang-hydra',
+    'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e ".[mooncake,nixl,slurm,optuna,ray,router,test]" && sglang-hydra',
     ". .venv/bin/activate && python -m pytest -q --durations=15",
 )
 
 # Commands that take more than a few seconds on a 2-core machine (a sweep, real allocations,
 # real byte movement, two processes): still run, but marked so `-m "not slow"` can leave them out.
 SLOW_PATTERNS = (r"^sglang-hydra -m job=replay", r"model=llama3_8b", r"job\.mode=full", r"job=pd_pair",
-                 r"job\.trace=conversation")
+                 r"job\.trace=conversation", r"hydra/sweeper=optuna", r"deploy=pd")
 
 
 def readme_commands(text: str):
