@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_TRACE = REPO.parent.parent / "shared" / "traces" / "conversation_trace.jsonl"
 BASE = ["model=llama3_8b", "hardware=h100_80gb", "memory=hicache"]
 
 
@@ -77,13 +76,16 @@ def scaled_trace(src: Path, copies: int, dest: Path) -> Path:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", default=str(DEFAULT_TRACE))
+    ap.add_argument("--trace", default=None, help="a Mooncake JSONL trace (default: the packaged conversation trace)")
     ap.add_argument("--mode", default="sim", choices=("sim", "metadata"))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--scales", default="1,4,16")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.trace is None:
+        from sglang_hydra.workload.trace import trace_path
+        args.trace = str(trace_path("conversation"))
     results: dict = {"trace": args.trace, "mode": args.mode, "cpu_count": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="bench_whatif_") as tmp:
         tmp = Path(tmp)
