@@ -444,7 +444,9 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
     if problems:
         raise ConfigError(_dedupe(problems))
     records = {role: rec for role, (rec, _c, _p) in first_pass.items()}
-    assigned, router_ports = _lay_out_ports(records, {s.role: s for s in sides}, settings, explicit_deploy, problems)
+    by_role = {s.role: s for s in sides}
+    assigned, router_ports = _lay_out_ports(records, by_role, settings, explicit_deploy, problems)
+    assigned["decode"].update(_lay_out_gpus(records, by_role, problems))
     if problems:
         raise ConfigError(problems)
 
@@ -552,6 +554,51 @@ def _lay_out_ports(records: Dict[str, ServerArgs], sides: Dict[str, _Side], sett
         "decode": {"port": claims[2].port},
     }
     return assigned, (claims[3].port, claims[4].port)
+
+
+# --------------------------------------------------------------------------- GPUs
+def gpus_per_node(record: ServerArgs) -> int:
+    """How many GPUs one server takes on each of its nodes.
+
+    Every data-parallel replica (``dp_size``) is a full ``tp_size`` x ``pp_size`` group of GPUs;
+    attention DP (``attn_dp_size``) splits the TP group and adds none.  A multi-node server
+    (``nnodes``) spreads its GPUs evenly over its nodes."""
+    total = max(1, record.tp_size) * max(1, record.pp_size) * max(1, record.dp_size)
+    nodes = max(1, record.nnodes)
+    return -(-total // nodes)
+
+
+def gpu_ids(record: ServerArgs) -> List[int]:
+    """The GPU ids a server uses on its node: ``base_gpu_id`` then every ``gpu_id_step``-th one."""
+    step = max(1, record.gpu_id_step)
+    return [record.base_gpu_id + i * step for i in range(gpus_per_node(record))]
+
+
+def _on_gpus(record: ServerArgs) -> bool:
+    return str(record.device or "cuda").lower() not in ("cpu",)
+
+
+def _lay_out_gpus(records: Dict[str, ServerArgs], sides: Dict[str, _Side], problems: List[Problem]) -> Dict[str, int]:
+    """Give decode its own GPUs when both sides run on one node.
+
+    Prefill keeps its ``base_gpu_id`` (a top-level value is prefill's, like ``serving.port``);
+    decode starts right after prefill's last GPU unless decode's value was written, in which case
+    it is kept and must not share a GPU with prefill.  Servers on different hosts are left alone."""
+    pre, dec = records["prefill"], records["decode"]
+    if not _hosts_overlap(pre.host, dec.host) or not (_on_gpus(pre) and _on_gpus(dec)):
+        return {}
+    if "base_gpu_id" not in sides["decode"].side_names:
+        return {"base_gpu_id": pre.base_gpu_id + gpus_per_node(pre) * max(1, pre.gpu_id_step)}
+    shared = sorted(set(gpu_ids(pre)) & set(gpu_ids(dec)))
+    if shared:
+        key = problem_for("base_gpu_id", "")
+        problems.append(Problem(
+            f"decode.{key.key}", key.flag,
+            f"decode GPUs {gpu_ids(dec)} overlap {_label('prefill', 'base_gpu_id')} GPUs {gpu_ids(pre)} "
+            f"(GPU {', '.join(map(str, shared))}) on host {dec.host}; each side needs its own GPUs (move one of "
+            f"them, leave decode's unset to have it placed after prefill, or run the sides on different hosts "
+            f"with prefill.serving.host / decode.serving.host)", _SOURCE))
+    return {}
 
 
 def listening_ports(dep: Deployment) -> List[Tuple[str, str, int]]:

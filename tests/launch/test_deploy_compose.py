@@ -154,3 +154,77 @@ def test_single_deployment_from_a_config_file(tmp_path):
     assert record.page_size == 16 and job_name == "resolve"
     req = deployment_request(["deploy=single", "job=resolve"])
     assert req.is_plain_single() and req.shared_argv == ["job=resolve"]
+
+
+# ---------------------------------------------------------------- GPUs of two sides on one node
+ON_GPUS = "device.device=cuda"        # the device is otherwise detected, and CI has no GPU
+
+
+def gpu_bases(dep):
+    return dep.server("prefill").record.base_gpu_id, dep.server("decode").record.base_gpu_id
+
+
+@pytest.mark.parametrize("overrides,bases", [
+    ((), (0, 1)),
+    (("prefill.parallel.tp_size=2",), (0, 2)),
+    (("prefill.parallel.tp_size=4",), (0, 4)),
+    (("prefill.parallel.tp_size=2", "prefill.parallel.pp_size=2"), (0, 4)),
+    (("prefill.parallel.tp_size=2", "prefill.parallel.dp_size=2"), (0, 4)),     # each DP replica has its own GPUs
+    (("parallel.tp_size=2", "device.gpu_id_step=2"), (0, 4)),                   # prefill on 0 and 2
+    (("device.base_gpu_id=2", "prefill.parallel.tp_size=4"), (2, 6)),           # a top-level value is prefill's
+    (("decode.device.base_gpu_id=4", "prefill.parallel.tp_size=4"), (0, 4)),    # written and clear of prefill: kept
+    (("prefill.device.base_gpu_id=4", "decode.device.base_gpu_id=0", "decode.parallel.tp_size=4"), (4, 0)),
+])
+def test_decode_gets_the_gpus_after_prefills(overrides, bases):
+    dep, _, _ = deploy("deploy=pd", ON_GPUS, *overrides)
+    assert gpu_bases(dep) == bases
+
+
+def test_decode_base_gpu_id_is_on_the_decode_command_line():
+    from sglang_hydra.jobs.resolve import render
+
+    dep, _, _ = deploy("deploy=pd", ON_GPUS, "prefill.parallel.tp_size=4")
+    assert "--base-gpu-id" not in render(dep.server("prefill").record, "argv").split()
+    argv = render(dep.server("decode").record, "argv").split()
+    assert argv[argv.index("--base-gpu-id") + 1] == "4"
+
+
+@pytest.mark.parametrize("overrides,shared", [
+    (("prefill.device.base_gpu_id=0", "decode.device.base_gpu_id=0"), "GPU 0"),
+    (("prefill.parallel.tp_size=4", "prefill.device.base_gpu_id=0", "decode.device.base_gpu_id=3"), "GPU 3"),
+    (("decode.device.base_gpu_id=1", "decode.parallel.tp_size=2", "prefill.parallel.tp_size=2"), "GPU 1"),
+])
+def test_overlapping_gpus_on_one_node_are_an_error(overrides, shared):
+    out = problems("deploy=pd", ON_GPUS, *overrides)
+    assert len(out) == 1
+    assert out[0].startswith("decode.device.base_gpu_id (--base-gpu-id)")
+    assert "prefill.device.base_gpu_id" in out[0] and shared in out[0]
+
+
+def test_sides_on_different_hosts_keep_their_gpus():
+    dep, _, _ = deploy("deploy=pd", ON_GPUS, "prefill.serving.host=10.0.0.1", "decode.serving.host=10.0.0.2",
+                       "parallel.tp_size=4")
+    assert gpu_bases(dep) == (0, 0)
+    dep, _, _ = deploy("deploy=pd", ON_GPUS, "prefill.serving.host=10.0.0.1", "decode.serving.host=10.0.0.2",
+                       "decode.device.base_gpu_id=0")
+    assert gpu_bases(dep) == (0, 0)
+
+
+def test_cpu_servers_get_no_gpu_ids():
+    dep, _, _ = deploy("deploy=pd", "device.device=cpu", "prefill.parallel.tp_size=2")
+    assert gpu_bases(dep) == (0, 0)
+
+
+def test_dry_run_starts_decode_on_its_own_gpus(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "sglang_hydra", "deploy=pd", ON_GPUS, "prefill.parallel.tp_size=2",
+                        "job=launch", "job.dry_run=true"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    prefill_line, decode_line = r.stdout.splitlines()[1], r.stdout.splitlines()[3]
+    assert "--base-gpu-id" not in prefill_line and " --tp-size 2 " in prefill_line
+    assert " --base-gpu-id 2 " in decode_line
+    r = subprocess.run([sys.executable, "-m", "sglang_hydra", "deploy=pd", ON_GPUS, "decode.device.base_gpu_id=0",
+                        "job=launch", "job.dry_run=true"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "decode.device.base_gpu_id" in r.stderr and "Traceback" not in r.stderr
