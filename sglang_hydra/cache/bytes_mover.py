@@ -120,19 +120,11 @@ class BytesMover:
         pages = self.alloc.alloc_pages(total) if total else torch.empty(0, dtype=torch.int64)
         if pages is None:
             raise RuntimeError(f"device pool short of {total} pages the tiered cache counted as free")
-        pages = pages.tolist()
-        out, o = [], 0
-        if self.hpool is None:           # single tier: no bytes to check later
-            for n in nodes:
-                out.append(pages[o:o + n.weight])
-                o += n.weight
-            return out
-        for n in nodes:
-            mine = pages[o:o + n.weight]
-            for key, p in zip(self.page_keys(n), mine):
-                self.write_device_page(p, self.expected_page(key))
-            out.append(mine)
-            o += n.weight
+        out = self._per_node(nodes, pages.tolist())
+        if self.hpool is not None:       # single tier: no bytes to check later, so none to write
+            for n, mine in zip(nodes, out):
+                for key, p in zip(self.page_keys(n), mine):
+                    self.write_device_page(p, self.expected_page(key))
         return out
 
     def free_device(self, handle) -> None:
@@ -154,36 +146,37 @@ class BytesMover:
         src = torch.tensor([sources[j] for j in order], dtype=torch.int64)
         return src, tgt, mapped
 
-    def backup(self, nodes) -> List[List[int]]:
-        flat = [p for n in nodes for p in n.device]
-        hp = self.hpool.alloc_pages(len(flat))
-        if hp is None:
-            raise RuntimeError(f"host pool short of {len(flat)} pages the tiered cache counted as free")
-        dsrc, htgt, mapped = self._paired(flat, hp)
-        with self.meter.timing("d2h") as moved:
-            moved.append(self.xfer.backup(htgt, dsrc))
-            self.xfer.synchronize()
+    @staticmethod
+    def _per_node(nodes, pages: List[int]) -> List[List[int]]:
+        """Cut a flat page list into one run per node, in order, each as long as the node's weight."""
         out, o = [], 0
         for n in nodes:
-            out.append(mapped[o:o + n.weight])
+            out.append(pages[o:o + n.weight])
             o += n.weight
         return out
 
+    def _copy_pages(self, nodes, sources: List[int], targets: Optional[torch.Tensor], target_tier: str,
+                    direction: str, copy) -> List[List[int]]:
+        """Copy ``sources`` into freshly allocated ``targets`` with one timed, synchronized
+        ``copy(sorted sources, sorted targets)``; returns each node's target pages, in source order."""
+        if targets is None:
+            raise RuntimeError(f"{target_tier} pool short of {len(sources)} pages the tiered cache counted as free")
+        src, tgt, mapped = self._paired(sources, targets)
+        with self.meter.timing(direction) as moved:
+            moved.append(copy(src, tgt))
+            self.xfer.synchronize()
+        return self._per_node(nodes, mapped)
+
+    def backup(self, nodes) -> List[List[int]]:
+        flat = [p for n in nodes for p in n.device]
+        return self._copy_pages(nodes, flat, self.hpool.alloc_pages(len(flat)), "host", "d2h",
+                                lambda dsrc, htgt: self.xfer.backup(htgt, dsrc))
+
     def load_back(self, nodes) -> List[List[int]]:
         flat = [p for n in nodes for p in n.host]
-        dp = self.alloc.alloc_pages(len(flat))
-        if dp is None:
-            raise RuntimeError(f"device pool short of {len(flat)} pages the tiered cache counted as free")
-        hsrc, dtgt, mapped = self._paired(flat, dp)
-        with self.meter.timing("h2d") as moved:
-            moved.append(self.xfer.load(hsrc, dtgt))
-            self.xfer.synchronize()
-        out, o = [], 0
-        for n in nodes:
-            mine = mapped[o:o + n.weight]
+        out = self._copy_pages(nodes, flat, self.alloc.alloc_pages(len(flat)), "device", "h2d", self.xfer.load)
+        for n, mine in zip(nodes, out):
             self._check(self.page_keys(n), mine, self.read_device_page)
-            out.append(mine)
-            o += n.weight
         return out
 
     # ------------------------------------------------------------------ storage

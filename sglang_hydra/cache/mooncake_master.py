@@ -22,6 +22,7 @@ import time
 from typing import Any, Dict, Optional, Sequence
 
 from ..utils.ports import free_port
+from ..utils.procs import stop_process
 from .storage import StorageError
 from .storage_mooncake import master_binary, parse_segment_size
 
@@ -114,7 +115,7 @@ class MooncakeMaster:
             if self.proc.poll() is None and _port_open(self.host, port):
                 self.port = port
                 break
-            self._kill(self.proc)
+            stop_process(self.proc, grace_s=5.0)
             self.proc = None
             if self.port:         # a fixed port: do not retry elsewhere
                 break
@@ -149,17 +150,6 @@ class MooncakeMaster:
             raise StorageError(f"the Mooncake segment holder did not come up ({line.decode(errors='replace').strip()}); "
                                f"log {self.log_path}:\n{self._log_tail()}")
 
-    @staticmethod
-    def _kill(p: Optional[subprocess.Popen], grace: float = 5.0) -> None:
-        if p is None or p.poll() is not None:
-            return
-        p.terminate()
-        try:
-            p.wait(grace)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-
     def stop(self) -> None:
         if self.holder is not None and self.holder.poll() is None:
             self.holder.kill()      # the pool goes with the master; no clean unmount needed
@@ -167,7 +157,7 @@ class MooncakeMaster:
         if self.holder is not None and self.holder.stdout:
             self.holder.stdout.close()
         self.holder = None
-        self._kill(self.proc)
+        stop_process(self.proc, grace_s=5.0)
         self.proc = None
         if self.log_path and not self.keep_log:
             try:

@@ -457,7 +457,6 @@ class TieredCache(RadixTree):
             return 0
         heap = self._heap
         root = self.root
-        key_of = self.policy.key
         counts = self.counts
         mover = self.mover
         on_evict = self.policy.on_evict if self.policy.wants_evict_hook else None
@@ -465,7 +464,6 @@ class TieredCache(RadixTree):
         free_device = mover.free_device
         plain_drops = plain_dropped = demoted = 0
         dups = self._duplicates if self.is_write_back else None
-        host_heap = self._host_heap
         held = []
         freed = 0
         while freed < num_pages and heap:
@@ -491,9 +489,7 @@ class TieredCache(RadixTree):
                 if dups is not None:
                     dups.discard(node)
                 if not node.children:
-                    self._seq += 1
-                    node.host_heap_seq = self._seq
-                    heappush(host_heap, (key_of(node), self._seq, node))
+                    self._push_host(node)
             elif not node.children:             # plain drop, the single-tier case: kept short
                 free_device(node.device)
                 node.device = None
@@ -509,9 +505,7 @@ class TieredCache(RadixTree):
                 self._drop_subtree(node)
             freed += w
             if parent is not root and parent.device_children == 0 and parent.device is not None:
-                self._seq += 1
-                parent.heap_seq = self._seq
-                heappush(heap, (key_of(parent), self._seq, parent))
+                self._push(parent)
         for entry in held:
             heappush(heap, entry)
         self.device_used -= plain_dropped + demoted
@@ -573,9 +567,7 @@ class TieredCache(RadixTree):
                 on_evict(node)
             if (parent.device is None and parent.host is not None and not parent.children
                     and not parent.lock_ref and parent.parent is not None):
-                self._seq += 1
-                parent.host_heap_seq = self._seq
-                heappush(heap, (key_of(parent), self._seq, parent))
+                self._push_host(parent)
         for entry in held:
             heappush(heap, entry)
         self.host_used -= evicted

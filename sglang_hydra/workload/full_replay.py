@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 from ..cache.storage import create_storage_backend, storage_config_from_record
-from .metrics import format_rate, nearest_rank
+from .metrics import cache_setup_label, format_rate, nearest_rank, tier_shares_percent
 
 __all__ = ["FullReplayResult", "full_replay", "measure_bandwidth", "TIER_DIRECTIONS"]
 
@@ -87,12 +87,10 @@ class FullReplayResult:
     def summary_rows(self) -> List[tuple]:
         hr = self.hit_rate
         rows = [
-            ("mode", f"{self.mode} ({self.write_policy or 'no hicache'}"
-                     f"{', ' + self.storage_backend if self.storage_backend else ''}, {self.policy})"),
+            ("mode", cache_setup_label(self.mode, self.write_policy, self.storage_backend, self.policy)),
             ("requests", f"{self.requests:,}"),
             ("token hit rate", f"{100 * self.token_hit_rate:.2f} %"),
-            ("hit rate device / host / storage",
-             f"{100 * hr.get('device', 0):.2f} / {100 * hr.get('host', 0):.2f} / {100 * hr.get('storage', 0):.2f} %"),
+            ("hit rate device / host / storage", tier_shares_percent(hr)),
             ("bytes D->H / H->D", f"{self.bytes_moved.get('d2h', 0):,} / {self.bytes_moved.get('h2d', 0):,}"),
             ("bytes H->L3 / L3->H", f"{self.bytes_moved.get('storage_write', 0):,} / "
                                     f"{self.bytes_moved.get('storage_read', 0):,}"),

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Dict, List, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 __all__ = ["nearest_rank", "depth_bucket_labels", "hits_by_depth", "tail_stats", "TransferMeter",
-           "format_rate"]
+           "format_rate", "cache_setup_label", "tier_shares_percent"]
 
 
 def nearest_rank(sorted_values: Sequence[float], q: float) -> float:
@@ -78,6 +78,17 @@ def tail_stats(values: Sequence[int], threshold: float) -> Dict[str, float]:
             above += 1
             excess += v - threshold
     return {"frac_gt": above / n, "mean_excess": excess / n}
+
+
+def cache_setup_label(mode: str, write_policy: Optional[str], storage_backend: Optional[str], policy: str) -> str:
+    """The cache set-up a replay ran, as its summary names it: ``mode (write policy[, storage], policy)``."""
+    storage = f", {storage_backend}" if storage_backend else ""
+    return f"{mode} ({write_policy or 'no hicache'}{storage}, {policy})"
+
+
+def tier_shares_percent(shares: Mapping[str, float]) -> str:
+    """Device / host / storage fractions as one ``a / b / c %`` cell (a missing tier reads 0)."""
+    return " / ".join(f"{100 * shares.get(tier, 0):.2f}" for tier in ("device", "host", "storage")) + " %"
 
 
 # transfer accounting lives in the memory layer; re-exported for existing callers

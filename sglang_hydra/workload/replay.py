@@ -110,6 +110,11 @@ def select_requests(requests, max_requests: Optional[int], prefill_us_per_token:
     """The requests a replay runs (a Trace or any iterable), after checking the shared knobs."""
     if prefill_us_per_token < 0:
         raise ValueError(f"prefill_us_per_token must be >= 0, got {prefill_us_per_token}")
+    return limit_requests(requests, max_requests)
+
+
+def limit_requests(requests, max_requests: Optional[int]) -> List[Request]:
+    """The first ``max_requests`` requests (all when None) of a Trace or any iterable, as a list."""
     reqs = list(getattr(requests, "requests", requests))
     if max_requests is not None:
         if max_requests < 0:

@@ -28,7 +28,8 @@ from ..cache.policies import get_policy_info, make_policy
 from ..cache.radix import block_page_keys, block_page_weights
 from ..cache.tiered import (DEFAULT_RETRY_MAX_ATTEMPTS, DEFAULT_RETRY_POLL_INTERVAL, UNBOUNDED_PAGES,
                             TieredCache)
-from .metrics import nearest_rank
+from .metrics import cache_setup_label, nearest_rank, tier_shares_percent
+from .replay import limit_requests
 from .trace import BLOCK_SIZE, Request
 
 __all__ = ["TieredReplayResult", "tiered_replay", "MOVERS", "TIER_COUNT_KEYS", "storage_read_rate",
@@ -149,12 +150,10 @@ class TieredReplayResult:
     def summary_rows(self) -> List[tuple]:
         hr = self.token_hit_rate
         rows = [
-            ("mode", f"{self.mode} ({self.write_policy or 'no hicache'}"
-                     f"{', ' + self.storage_backend if self.storage_backend else ''}, {self.policy})"),
+            ("mode", cache_setup_label(self.mode, self.write_policy, self.storage_backend, self.policy)),
             ("requests", f"{self.requests:,}"),
             ("token hit rate", f"{100 * hr.get('total', 0):.2f} %"),
-            ("token hit rate device / host / storage",
-             f"{100 * hr.get('device', 0):.2f} / {100 * hr.get('host', 0):.2f} / {100 * hr.get('storage', 0):.2f} %"),
+            ("token hit rate device / host / storage", tier_shares_percent(hr)),
             ("pages written to host / storage", f"{self.pages_written_to_host:,} / {self.pages_written_to_storage:,}"),
             ("evicted pages device / host", f"{self.evicted_pages.get('device', 0):,} / "
                                             f"{self.evicted_pages.get('host', 0):,}"),
@@ -207,11 +206,7 @@ def tiered_replay(record, requests: Iterable[Request], *, mover: str = "count", 
     """
     if mover not in MOVERS:
         raise ValueError(f"unknown mover {mover!r}; allowed: {', '.join(MOVERS)}")
-    reqs = list(getattr(requests, "requests", requests))
-    if max_requests is not None:
-        if max_requests < 0:
-            raise ValueError(f"max_requests must be >= 0, got {max_requests}")
-        reqs = reqs[:max_requests]
+    reqs = limit_requests(requests, max_requests)
     ps = int(record.page_size or 1)
     if policy is None:
         pol_name = record.radix_eviction_policy

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -38,6 +40,25 @@ def fast_env(monkeypatch):
     monkeypatch.setenv("SGLANG_HYDRA_DISAGG_BOOTSTRAP_HTTP_TIMEOUT", "1.0")
     monkeypatch.setenv("SGLANG_HYDRA_DISAGG_PREFILL_SEND_TIMEOUT", "2")
     return monkeypatch
+
+
+@pytest.fixture
+def server():
+    """A bootstrap server on a free 127.0.0.1 port, closed after the test."""
+    from sglang_hydra.disagg.bootstrap import BootstrapServer
+    s = BootstrapServer("127.0.0.1", 0)
+    yield s
+    s.close()
+
+
+def http_call(method, url, body=None, headers=None, timeout=5.0):
+    """(status, body text) of one HTTP request; an error status is returned, not raised."""
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
 
 
 def make_rec(backend="zmq", mode="null", checksum=False, **kw):

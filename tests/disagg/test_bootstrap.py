@@ -5,28 +5,18 @@ import urllib.request
 
 import pytest
 
-from sglang_hydra.disagg.bootstrap import (BootstrapError, BootstrapServer, check_health, fetch_rank,
-                                          fetch_server_info, register_rank, request_with_retries)
+from sglang_hydra.disagg.bootstrap import (BootstrapError, check_health, fetch_rank, fetch_server_info,
+                                          register_rank, request_with_retries)
 from sglang_hydra.utils.ports import free_port
 
+from .conftest import http_call
 from .faults import SlowBootstrap
 
 Q = "prefill_dp_rank={}&prefill_cp_rank={}&target_tp_rank={}&target_pp_rank={}"
 
 
 def _get(url):
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-@pytest.fixture
-def server():
-    s = BootstrapServer("127.0.0.1", 0)
-    yield s
-    s.close()
+    return http_call("GET", url)
 
 
 def _payload(port=5555):

@@ -2,8 +2,6 @@
 import json
 import socket
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -13,7 +11,7 @@ from sglang_hydra.disagg.bootstrap import (MAX_BODY_BYTES, SECRET_HEADER, Bootst
 from sglang_hydra.disagg.buffers import TensorKVBuffers, kv_args_from_source
 from sglang_hydra.disagg.states import KVPoll
 
-from .conftest import make_rec
+from .conftest import http_call, make_rec
 from .helpers import assert_clean, decode_worker, serving_prefill
 
 RANKS = "prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0"
@@ -30,22 +28,6 @@ def _raw(port, request: bytes) -> str:
         return s.recv(4096).decode(errors="replace").split("\r\n", 1)[0]
 
 
-def _call(method, url, body=None, headers=None):
-    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-@pytest.fixture
-def server():
-    s = BootstrapServer("127.0.0.1", 0)
-    yield s
-    s.close()
-
-
 # ----------------------------------------------------------------------------- bootstrap server
 def test_oversized_body_is_refused_without_reading_it(server):
     head = (f"PUT /route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -59,17 +41,17 @@ def test_oversized_body_is_refused_without_reading_it(server):
 def test_malformed_routes_are_rejected(server):
     base = server.url
     register_rank(f"127.0.0.1:{server.port}", _payload(), retries=1)
-    assert _call("GET", f"{base}/route?{RANKS}")[0] == 200
-    assert _call("GET", f"{base}/route?{RANKS}&prefill_dp_rank=1")[0] == 400      # repeated argument
-    assert _call("GET", f"{base}/route?{RANKS}&evil=1")[0] == 400                  # unknown argument
-    assert _call("GET", f"{base}/route?{RANKS.replace('=0&prefill_cp', '=x&prefill_cp')}")[0] == 400
-    assert _call("GET", f"{base}/route/../health")[0] == 404
-    assert _call("GET", f"{base}/health?x=1")[0] == 404
-    assert _call("PUT", f"{base}/route?x=1", b"{}", {"Content-Type": "application/json"})[0] == 404
-    assert _call("PUT", f"{base}/route", b"[1, 2]", {"Content-Type": "application/json"})[0] == 400
-    assert _call("PUT", f"{base}/route", b"\xff\xfe", {"Content-Type": "application/json"})[0] == 400
+    assert http_call("GET", f"{base}/route?{RANKS}")[0] == 200
+    assert http_call("GET", f"{base}/route?{RANKS}&prefill_dp_rank=1")[0] == 400      # repeated argument
+    assert http_call("GET", f"{base}/route?{RANKS}&evil=1")[0] == 400                  # unknown argument
+    assert http_call("GET", f"{base}/route?{RANKS.replace('=0&prefill_cp', '=x&prefill_cp')}")[0] == 400
+    assert http_call("GET", f"{base}/route/../health")[0] == 404
+    assert http_call("GET", f"{base}/health?x=1")[0] == 404
+    assert http_call("PUT", f"{base}/route?x=1", b"{}", {"Content-Type": "application/json"})[0] == 404
+    assert http_call("PUT", f"{base}/route", b"[1, 2]", {"Content-Type": "application/json"})[0] == 400
+    assert http_call("PUT", f"{base}/route", b"\xff\xfe", {"Content-Type": "application/json"})[0] == 400
     bad_port = dict(_payload(), rank_port=70000)
-    assert _call("PUT", f"{base}/route", json.dumps(bad_port).encode())[0] == 400
+    assert http_call("PUT", f"{base}/route", json.dumps(bad_port).encode())[0] == 400
 
 
 def test_a_registered_rank_cannot_be_moved_by_another_peer(server):
@@ -87,8 +69,8 @@ def test_secret_is_required_on_every_call():
         addr, base = f"127.0.0.1:{s.port}", s.url
         for method, path, body in (("GET", "/health", None), ("GET", f"/route?{RANKS}", None),
                                    ("PUT", "/route", json.dumps(_payload()).encode())):
-            assert _call(method, base + path, body)[0] == 401
-            assert _call(method, base + path, body, {SECRET_HEADER: "wrong"})[0] == 401
+            assert http_call(method, base + path, body)[0] == 401
+            assert http_call(method, base + path, body, {SECRET_HEADER: "wrong"})[0] == 401
         assert not check_health(addr) and check_health(addr, secret="s3cret")
         t0 = time.monotonic()
         with pytest.raises(BootstrapError, match="HTTP 401"):     # not retried: a wrong secret stays wrong
