@@ -19,6 +19,7 @@ directory and the command exits non-zero after the other points ran.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -195,7 +196,10 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
     from .jobs import failures, runner
     from .jobs.context import JobContext
 
-    register_configs(None if _shows_config(hydra_flags) else _fields_named(cmd))
+    if _shows_config(hydra_flags):
+        register_configs()
+    else:
+        register_configs(_fields_named(cmd), jobs=_jobs_named(cmd))
     if any("sweeper=optuna" in o for o in cmd.hydra_only):
         from .jobs.sweeps import register_sweeper_defaults   # the study's direction follows job.objective
         register_sweeper_defaults()
@@ -247,7 +251,8 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
     sys.argv = [saved_argv[0] if saved_argv else "sglang-hydra"] + hydra_flags + hydra_override_list(cmd)
     failures.SWEEP_RUNS.clear()
     try:
-        app()
+        with _mode_probe_skipped(_run_mode_is_known(cmd, hydra_flags)):
+            app()
     except SystemExit as exc:
         return _exit_code(exc)
     except KeyboardInterrupt:
@@ -292,6 +297,38 @@ def _report_sweeps() -> int:
     return EXIT_CONFIG if codes == {EXIT_CONFIG} else EXIT_FAILED
 
 
+def _run_mode_is_known(cmd, hydra_flags) -> bool:
+    """True when this is a plain single run whose ``hydra.mode`` nothing can set.
+
+    Hydra composes the whole config twice for a run: once only to read ``hydra.mode`` (a
+    config may ask for a multirun), then for the job.  Our own ``conf/`` never sets the mode
+    (a test checks), so only the command line could: ``-m``, a ``hydra.mode`` override, or a
+    config directory added with ``hydra.searchpath`` whose ``_global_`` preset sets it."""
+    if cmd.sweep or any(f in ("-m", "--multirun") for f in hydra_flags):
+        return False
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in cmd.hydra_only]
+    return not any(k.startswith(("hydra.mode", "hydra.searchpath")) for k in keys)
+
+
+@contextlib.contextmanager
+def _mode_probe_skipped(skip: bool):
+    """Let Hydra skip the compose that only reads ``hydra.mode`` when we know it is unset.
+
+    Hydra (pinned 1.3.8) treats a probe that returns ``None`` as "no mode configured" and
+    runs a single job with ``hydra.mode=RUN``, which is what the probe would have found;
+    this saves one full composition (a third of a ``hydra.*`` run's start-up)."""
+    if not skip:
+        yield
+        return
+    from hydra._internal.hydra import Hydra
+    probe = Hydra.get_mode
+    Hydra.get_mode = lambda self, config_name, overrides: None
+    try:
+        yield
+    finally:
+        Hydra.get_mode = probe
+
+
 # Hydra flags that print the config or complete its keys need the schema with every field.
 _SHOWING_FLAGS = {"--cfg", "-c", "--help", "-h", "--hydra-help", "-sc", "--shell-completion", "--info", "-i",
                   "--resolve", "-p", "--package"}
@@ -314,6 +351,14 @@ def _fields_named(cmd) -> set:
             if ref in keys:
                 names.add(keys[ref])
     return names
+
+
+def _jobs_named(cmd):
+    """The jobs this command can run (None: a sweep over ``job``, so all of them)."""
+    from .config.presets import default_choices
+    if any(o.split("=", 1)[0].lstrip("+~") == "job" for o in cmd.hydra_overrides):
+        return None
+    return {cmd.choices.get("job") or dict(default_choices())["job"]}
 
 
 def entry() -> None:

@@ -359,7 +359,7 @@ def compose_values(cmd: Command, *, raise_problems: bool = True) -> Composed:
     job_name = chosen.get("job", "resolve")
     keys = _all_record_keys()
     for group, option in chosen.items():
-        if group in ("job", "hardware"):
+        if group in ("job", "hardware") or option is None:   # null: the group selects nothing
             continue
         data, _plain = preset(group, option)
         if data is None:

@@ -105,28 +105,31 @@ written; the last one wins). A complete example: docs/examples/server.yaml in th
 
 
 def help_config(full: bool = True):
-    """Hydra's help page.  ``full=False`` leaves the field list out: Hydra parses the template
-    for interpolations on every composition, and 900 lines of fields cost seconds there on
-    runs that never print it (the CLI asks for the full page only with --help)."""
+    """Hydra's help page.  ``full=False`` is a stub for runs that never print it (the CLI asks
+    for the page only with --help): Hydra copies, parses and saves the template into
+    ``.hydra/hydra.yaml`` on every composition, and the jobs and 900 lines of fields cost
+    time there for nothing."""
     from hydra.conf import HelpConf
 
-    lines = field_help_lines() if full else ["(run sglang-hydra --help for the fields)"]
-    body = "\n".join(lines).replace("$", "$$")
-    jobs = "\n".join(job_help_lines()).replace("$", "$$")
-    config_file = CONFIG_FILE_HELP.replace("$", "$$")
-    template = (
-        "${hydra.help.header}\n"
-        "Settings are Hydra overrides (key=value, group=option) or the reference engine's\n"
-        "flags; both may be mixed and the last occurrence of a setting wins.\n\n"
-        "== Config groups ==\n$APP_CONFIG_GROUPS\n"
-        "== Jobs: job=<name>, then job.<key>=value ==\n"
-        + jobs.replace("${", "$${") +
-        "\n== Config file: --config FILE ==\n"
-        + config_file.replace("${", "$${") +
-        "\n== Fields: key=default [legacy flags] ==\n"
-        + body.replace("${", "$${") +
-        "\n${hydra.help.footer}\n"
-    )
+    if full:
+        body = "\n".join(field_help_lines()).replace("$", "$$")
+        jobs = "\n".join(job_help_lines()).replace("$", "$$")
+        config_file = CONFIG_FILE_HELP.replace("$", "$$")
+        template = (
+            "${hydra.help.header}\n"
+            "Settings are Hydra overrides (key=value, group=option) or the reference engine's\n"
+            "flags; both may be mixed and the last occurrence of a setting wins.\n\n"
+            "== Config groups ==\n$APP_CONFIG_GROUPS\n"
+            "== Jobs: job=<name>, then job.<key>=value ==\n"
+            + jobs.replace("${", "$${") +
+            "\n== Config file: --config FILE ==\n"
+            + config_file.replace("${", "$${") +
+            "\n== Fields: key=default [legacy flags] ==\n"
+            + body.replace("${", "$${") +
+            "\n${hydra.help.footer}\n"
+        )
+    else:
+        template = "${hydra.help.header}\n(run sglang-hydra --help for the full page)\n${hydra.help.footer}\n"
     return HelpConf(
         app_name="sglang-hydra",
         header="sglang-hydra: compose SGLang memory/disaggregation settings and run jobs on them.",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from .errors import did_you_mean
 from .fields import NAMESPACES
@@ -92,8 +92,9 @@ def no_such_option(group: str, option: str, options: Sequence[str], kind: str = 
 
 
 @functools.lru_cache(maxsize=1)
-def default_choices() -> Tuple[Tuple[str, str], ...]:
-    """Group -> option pairs from the defaults list of conf/config.yaml."""
+def default_choices() -> Tuple[Tuple[str, Optional[str]], ...]:
+    """Group -> option pairs from the defaults list of conf/config.yaml (None: ``null``,
+    the group selects no preset unless the user picks one)."""
     data = yaml_load(conf_dir() / "config.yaml") or {}
     out = []
     for entry in data.get("defaults", []):

@@ -80,13 +80,14 @@ def core_field_names() -> set:
     return names
 
 
-def register_configs(only=None) -> None:
+def register_configs(only=None, jobs=None) -> None:
     """Store the schema, the job options and the generated help page (idempotent).
 
-    ``only`` (field names) registers a slim schema: those fields plus :func:`core_field_names`.
-    The CLI uses it for runs that do not show the config (a ``hydra.*`` setting, a sweep):
-    OmegaConf's cost grows with every node Hydra merges and copies, and the record gets the
-    defaults of the fields left out anyway.  ``--cfg``, ``--help`` and completion use all fields."""
+    ``only`` (field names) registers a slim schema: those fields plus :func:`core_field_names`;
+    ``jobs`` (job names) stores only those jobs' option schemas.  The CLI uses both for runs
+    that do not show the config (a ``hydra.*`` setting, a sweep): OmegaConf's cost grows with
+    every node stored, merged and copied, and the record gets the defaults of the fields left
+    out anyway.  ``--cfg``, ``--help`` and completion use all fields and every job."""
     global _registered
     if _registered:
         return
@@ -99,7 +100,8 @@ def register_configs(only=None) -> None:
     store = ConfigStore.instance()
     store.store(name=SCHEMA_NAME, node=ROOT_SCHEMA)
     for name, job in job_schemas().items():
-        store.store(group="job", name=name, node=job.config_cls)
+        if jobs is None or name in jobs:
+            store.store(group="job", name=name, node=job.config_cls)
     store.store(group="hydra/help", name="sglang_help", node=help_config(full=only is None))
     _registered = True
 

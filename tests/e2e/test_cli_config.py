@@ -83,7 +83,10 @@ def test_hydra_flags(tmp_path):
     assert "memory.hicache_ratio=None  [--hicache-ratio]" in r.stdout
     assert "disagg.disaggregation_mode='null'  [--disaggregation-mode]" in r.stdout
     r = run("--info", "defaults", cwd=tmp_path)
-    assert r.returncode == 0 and "memory/default" in r.stdout
+    # Namespaces with nothing to set select no preset (null): Hydra loads nothing for them.
+    assert r.returncode == 0 and "model/tiny" in r.stdout and "memory/" not in r.stdout, r.stdout
+    r = run("--info", "defaults", "memory=hicache", "schedule=default", cwd=tmp_path)
+    assert r.returncode == 0 and "memory/hicache" in r.stdout and "schedule/default" in r.stdout, r.stdout
 
 
 @pytest.mark.slow
@@ -144,3 +147,63 @@ def test_tab_completion_in_bash(tmp_path):
     r = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["memory=hicache", "memory=hicache_file"]
+
+
+# Runs the CLI in a child process with Hydra's compose_config counted, so the test sees how
+# many times a command composes without touching this process's Hydra state.
+_COUNTING_CLI = """
+import sys
+from hydra._internal.hydra import Hydra
+calls = []
+compose = Hydra.compose_config
+def counted(self, *a, **k):
+    calls.append(k.get("run_mode"))
+    return compose(self, *a, **k)
+Hydra.compose_config = counted
+from sglang_hydra.cli import main
+code = main(sys.argv[1:])
+print("COMPOSES", len(calls), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def _counted(*args, cwd):
+    r = subprocess.run([sys.executable, "-c", _COUNTING_CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    line = [ln for ln in r.stderr.splitlines() if ln.startswith("COMPOSES ")]
+    return r, int(line[-1].split()[1]) if line else None
+
+
+def test_a_hydra_setting_composes_once_and_still_runs_as_a_single_run(tmp_path):
+    """A plain run with a hydra.* setting skips Hydra's compose that only reads hydra.mode."""
+    r, n = _counted("--tp", "2", "memory=hicache", "job=resolve", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert n == 1
+    hydra_yaml = (tmp_path / "run" / ".hydra" / "hydra.yaml").read_text()
+    assert "\n  mode: RUN\n" in hydra_yaml
+    assert "tp_size: 2" in (tmp_path / "run" / ".hydra" / "config.yaml").read_text()
+    # Asking for the mode on the command line keeps Hydra's probe, and the probe is obeyed.
+    r, n = _counted("job=resolve", "hydra.mode=MULTIRUN", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert n == 2 and (tmp_path / "sweep" / "0" / ".hydra" / "config.yaml").is_file()
+
+
+def test_no_shipped_config_sets_hydra_mode():
+    """The one-compose shortcut relies on conf/ never choosing the run mode itself."""
+    from sglang_hydra.config.presets import conf_dir, yaml_load
+    paths = sorted(conf_dir().rglob("*.yaml"))
+    assert any(p.name == "config.yaml" for p in paths)
+    for path in paths:
+        data = yaml_load(path) or {}
+        hydra = data.get("hydra") if isinstance(data, dict) else None
+        assert not (isinstance(hydra, dict) and "mode" in hydra), path
+
+
+def test_a_sweep_over_jobs_registers_every_job_it_names(tmp_path):
+    """Slim runs store only the chosen job's schema; a sweep over job= must still find each job."""
+    r = run("-m", "job=resolve,plan", "model=llama3_8b", "hardware=h100_80gb", f"hydra.sweep.dir={tmp_path}/s",
+            cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for num, job in (("0", "resolve"), ("1", "plan")):
+        overrides = (tmp_path / "s" / num / ".hydra" / "overrides.yaml").read_text()
+        assert f"job={job}" in overrides
+        assert not (tmp_path / "s" / num / "error.json").exists()
