@@ -19,7 +19,6 @@ directory and the command exits non-zero after the other points ran.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -193,7 +192,7 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
     from .config.presets import conf_dir
     from .config.resolve import resolve
     from .config.schema import register_configs
-    from .jobs import failures, runner
+    from .jobs import failures, runner, startup
     from .jobs.context import JobContext
 
     if _shows_config(hydra_flags):
@@ -251,7 +250,8 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
     sys.argv = [saved_argv[0] if saved_argv else "sglang-hydra"] + hydra_flags + hydra_override_list(cmd)
     failures.SWEEP_RUNS.clear()
     try:
-        with _mode_probe_skipped(_run_mode_is_known(cmd, hydra_flags)):
+        startup.discover_plugins(startup.plugin_packages_needed(cmd.hydra_only, hydra_flags))
+        with startup.mode_probe_skipped(startup.run_mode_is_known(cmd.hydra_only, hydra_flags, cmd.sweep)):
             app()
     except SystemExit as exc:
         return _exit_code(exc)
@@ -295,38 +295,6 @@ def _report_sweeps() -> int:
     if not codes:
         return EXIT_OK
     return EXIT_CONFIG if codes == {EXIT_CONFIG} else EXIT_FAILED
-
-
-def _run_mode_is_known(cmd, hydra_flags) -> bool:
-    """True when this is a plain single run whose ``hydra.mode`` nothing can set.
-
-    Hydra composes the whole config twice for a run: once only to read ``hydra.mode`` (a
-    config may ask for a multirun), then for the job.  Our own ``conf/`` never sets the mode
-    (a test checks), so only the command line could: ``-m``, a ``hydra.mode`` override, or a
-    config directory added with ``hydra.searchpath`` whose ``_global_`` preset sets it."""
-    if cmd.sweep or any(f in ("-m", "--multirun") for f in hydra_flags):
-        return False
-    keys = [o.split("=", 1)[0].lstrip("+~") for o in cmd.hydra_only]
-    return not any(k.startswith(("hydra.mode", "hydra.searchpath")) for k in keys)
-
-
-@contextlib.contextmanager
-def _mode_probe_skipped(skip: bool):
-    """Let Hydra skip the compose that only reads ``hydra.mode`` when we know it is unset.
-
-    Hydra (pinned 1.3.8) treats a probe that returns ``None`` as "no mode configured" and
-    runs a single job with ``hydra.mode=RUN``, which is what the probe would have found;
-    this saves one full composition (a third of a ``hydra.*`` run's start-up)."""
-    if not skip:
-        yield
-        return
-    from hydra._internal.hydra import Hydra
-    probe = Hydra.get_mode
-    Hydra.get_mode = lambda self, config_name, overrides: None
-    try:
-        yield
-    finally:
-        Hydra.get_mode = probe
 
 
 # Hydra flags that print the config or complete its keys need the schema with every field.
