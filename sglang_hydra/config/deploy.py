@@ -367,6 +367,8 @@ def _compose(side: _Side, extra: Sequence[Setting], env=None, *, quiet: bool = F
     logger = logging.getLogger("sglang_hydra.config")
     was_disabled = logger.disabled
     logger.disabled = was_disabled or quiet
+    label = _RoleLabel(side.role)       # both sides log the same kinds of notes: say whose
+    logger.addFilter(label)
     try:
         record, composed = resolve_command(cmd, env=env)
         return record, composed, []
@@ -375,6 +377,18 @@ def _compose(side: _Side, extra: Sequence[Setting], env=None, *, quiet: bool = F
     finally:
         cmd.settings = saved
         logger.disabled = was_disabled
+        logger.removeFilter(label)
+
+
+class _RoleLabel:
+    """A logging filter that puts the side's role in front of each note it resolves."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+
+    def filter(self, record) -> bool:
+        record.msg = f"{self.role}: {record.msg}"
+        return True
 
 
 def _merge_side_problems(per_side: Dict[str, List[Problem]], side_argv: Dict[str, List[str]]) -> List[Problem]:

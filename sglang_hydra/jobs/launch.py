@@ -77,6 +77,8 @@ def _preflight(dep: Deployment, job: dict) -> None:
     python = job.get("python") or sys.executable
     server_module = job.get("server_module") or "sglang.launch_server"
     problems += _module_problems("job.python", python, server_module, _SERVER_FIX)
+    if server_module == "sglang.launch_server":
+        problems += _checkpoint_problems(dep)
     if dep.router is not None:
         key = "job.router_python" if job.get("router_python") else "job.python"
         problems += _module_problems(key, job.get("router_python") or python,
@@ -91,6 +93,20 @@ def _preflight(dep: Deployment, job: dict) -> None:
                                     f"choose a free port with {key}=<port>", "launch"))
     if problems:
         raise ConfigError(problems)
+
+
+def _checkpoint_problems(dep: Deployment) -> List[Problem]:
+    """A model preset without a checkpoint (``tiny``: a geometry for tests and simulation)
+    names nothing SGLang could load; say so before any server starts."""
+    from ..config.presets import group_options, preset
+    geometry_only = {name for name in group_options("model")
+                     if ((preset("model", name)[0] or {}).get("model") or {}).get("model_path") == name}
+    real = sorted(set(group_options("model")) - geometry_only)
+    return [Problem("model.model_path", "--model-path",
+                    f"{s.role}: {s.record.model_path!r} is a built-in test geometry with no checkpoint, so SGLang "
+                    f"cannot load it; pass --model-path <Hugging Face id or checkpoint directory>, or select a "
+                    f"model preset that names one (model={'|'.join(real)})", "launch")
+            for s in dep.servers if s.record.model_path in geometry_only]
 
 
 def _module_problems(key: str, python: str, module: str, fix: str) -> List[Problem]:

@@ -20,7 +20,7 @@ WEIGHT_ITEMSIZE = {
 
 #: presets whose public checkpoint ships quantized weights (the model card's format)
 PRESET_WEIGHT_DTYPE = {
-    "deepseek_v3": "fp8",   # DeepSeek-V3 weights are released in FP8 (block-wise scales)
+    "deepseek-ai/DeepSeek-V3": "fp8",   # released in FP8 (block-wise scales); model=deepseek_v3
 }
 
 

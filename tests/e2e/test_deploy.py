@@ -20,10 +20,13 @@ def test_pd_resolve_prints_both_records_and_the_router(tmp_path):
     assert list(data) == ["deploy", "prefill", "decode", "router"] and data["deploy"] == "pd"
     assert data["prefill"]["tp_size"] == 4 and data["decode"]["tp_size"] == 1
     assert data["decode"]["hicache_ratio"] == 3.0 and data["prefill"]["hicache_ratio"] == 2.0
-    assert data["prefill"]["model_path"] == data["decode"]["model_path"] == "llama3_8b"
+    assert data["prefill"]["model_path"] == data["decode"]["model_path"] == "meta-llama/Meta-Llama-3-8B-Instruct"
     assert (data["prefill"]["port"], data["decode"]["port"]) == (30000, 30001)
     assert data["router"]["url"] == "http://127.0.0.1:8000"
     assert yaml.safe_load((tmp_path / "dep.yaml").read_text()) == data
+    # each side's notes say whose they are, once each
+    assert r.stderr.count("decode: memory.disable_radix_cache: False -> True (D-PD)") == 1
+    assert "prefill: memory.disable_radix_cache" not in r.stderr
 
     r = run("deploy=pd", "job=resolve", "job.format=json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

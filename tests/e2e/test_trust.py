@@ -239,6 +239,14 @@ def test_the_example_config_file_works(tmp_path):
     assert rec["radix_eviction_policy"] == "slru" and rec["max_total_tokens"] == 65536
     assert rec["page_size"] == 32                           # the command line wins over the file
     assert not any(k.startswith("_") for k in rec)          # internal fields are not shown
+    # the same file launches (the issue's `--config server.yaml job=launch`), here as a dry run
+    r = run("--config", str(ROOT / "docs" / "examples" / "server.yaml"), "job=launch", "job.dry_run=true",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    server = r.stdout.splitlines()[1].split()
+    assert server[1:3] == ["-m", "sglang.launch_server"]
+    assert "--hicache-ratio" in server and server[server.index("--hicache-ratio") + 1] == "3.0"
+    assert server[server.index("--page-size") + 1] == "16"
 
 
 def test_problem_lines_explain_rule_codes(tmp_path):

@@ -29,7 +29,7 @@ def test_pd_sides_share_top_level_and_override_per_side():
     assert isinstance(dep, Deployment) and job_name == "resolve"
     pre, dec = dep.server("prefill").record, dep.server("decode").record
     assert (pre.disaggregation_mode, dec.disaggregation_mode) == ("prefill", "decode")
-    assert pre.model_path == dec.model_path == "llama3_8b"
+    assert pre.model_path == dec.model_path == "meta-llama/Meta-Llama-3-8B-Instruct"
     assert pre.page_size == dec.page_size == 16
     assert (pre.tp_size, dec.tp_size) == (4, 1)
     assert (pre.hicache_ratio, dec.hicache_ratio) == (2.0, 3.0)

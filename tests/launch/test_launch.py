@@ -34,7 +34,7 @@ def test_dry_run_prints_every_command_and_starts_nothing(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "# prefill (health: http://127.0.0.1:30000/health)"
-    assert lines[1] == ("/opt/sglang/bin/python -m sglang.launch_server --model-path llama3_8b "
+    assert lines[1] == ("/opt/sglang/bin/python -m sglang.launch_server --model-path meta-llama/Meta-Llama-3-8B-Instruct "
                         "--tp-size 4 --disaggregation-mode prefill")
     assert lines[3].endswith("--port 30001 --disaggregation-mode decode")
     assert lines[4] == "# router (health: http://127.0.0.1:8000/health)"
@@ -138,6 +138,21 @@ def test_missing_sglang_or_router_is_a_config_error(tmp_path):
     r = cli("deploy=pd", "job=launch", *STANDIN, "job.router_module=no_such_router.launch", cwd=tmp_path, env=env)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "cannot import 'no_such_router'" in r.stderr and "sglang-router==0.3.2" in r.stderr
+
+
+def test_launching_a_test_geometry_is_refused_before_anything_starts(tmp_path):
+    """`tiny` is a geometry for tests, not a checkpoint: a real launch would only fail later."""
+    fake = tmp_path / "fake" / "sglang"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "launch_server.py").write_text("raise SystemExit('must not start')\n")
+    env = {"PYTHONPATH": str(tmp_path / "fake")}
+    r = cli("job=launch", cwd=tmp_path, env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "server: 'tiny' is a built-in test geometry with no checkpoint" in r.stderr
+    assert "model=deepseek_v3|llama3_8b|qwen2_7b" in r.stderr and "must not start" not in r.stderr
+    r = cli("deploy=pd", "model=tiny_mla", "job=launch", cwd=tmp_path, env=env)
+    assert r.returncode == 2 and "prefill: 'tiny_mla'" in r.stderr and "decode: 'tiny_mla'" in r.stderr
 
 
 def test_a_busy_port_is_a_config_error_and_nothing_starts(launch, ports):

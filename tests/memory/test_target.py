@@ -219,6 +219,20 @@ def test_unknown_model_path_is_an_error_naming_both_fixes():
     assert make_plan(rec, hardware=preset_hardware("h100_80gb")).device_tokens > 0
 
 
+@pytest.mark.parametrize("path", ["llama3_8b", "meta-llama/Meta-Llama-3-8B-Instruct"])
+def test_a_model_path_that_spells_a_preset_without_selecting_it_is_refused(path):
+    """Before: --model-path llama3_8b passed the check and was sized with the tiny geometry."""
+    rec = compose([f"model.model_path={path}"])[0]
+    assert rec.num_hidden_layers == 2                # the default (tiny) geometry
+    with pytest.raises(MemorySetupError) as ei:
+        make_plan(rec, hardware=preset_hardware("h100_80gb"))
+    assert ei.value.key == "model.model_path" and "add model=llama3_8b" in ei.value.message
+    # the default model spells its own preset and has its geometry: fine
+    assert make_plan(compose([])[0], host_memory=HostMemoryInfo.fixed(64 * GiB)).device_tokens > 0
+    # the preset's model_path is the checkpoint job=launch hands the server
+    assert compose(["model=llama3_8b"])[0].model_path == "meta-llama/Meta-Llama-3-8B-Instruct"
+
+
 # ---- local sizing that does not depend on momentary free memory --------------------------------
 
 def test_cpu_plan_uses_ram_size_not_free_memory(tmp_path):
