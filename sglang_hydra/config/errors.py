@@ -19,9 +19,10 @@ class Problem:
     source: str = ""         # where the value came from (override, flag, file, preset, rule id)
 
     def __str__(self) -> str:
-        where = self.key or "config"
-        if self.flag:
-            where += f" ({self.flag})"
+        if self.key:
+            where = f"{self.key} ({self.flag})" if self.flag else self.key
+        else:   # about a flag that names no field (unknown, misspelt), or the command as a whole
+            where = self.flag or "config"
         src = f" [{describe_source(self.source)}]" if self.source and self.source != self.flag else ""
         return f"{where}: {self.message}{src}"
 
