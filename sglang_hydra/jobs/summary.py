@@ -186,11 +186,19 @@ def write_summary(sweep_dir: Path, *, plots: bool = True) -> List[Dict[str, Any]
     if best is not None:
         print(f"best point: {best}")
     try:
-        plot_summary(sweep_dir, rows, swept)
-        plot_pareto(sweep_dir, rows, swept)
+        if _has_replay_figures(rows):
+            plot_summary(sweep_dir, rows, swept)
+            plot_pareto(sweep_dir, rows, swept)
+        else:     # resolve/plan sweeps: the table is the answer; an empty chart is not
+            (sweep_dir / "summary.png").unlink(missing_ok=True)
     except ImportError:  # matplotlib missing: the tables are still there
         pass
     return rows
+
+
+def _has_replay_figures(rows) -> bool:
+    """True when some point has a figure the plots show (hit rates, TTFT)."""
+    return any(_num(r.get(k)) is not None for r in rows for k in ("token_hit_rate", "ttft_p90_ms"))
 
 
 def _value(text: str) -> Any:
@@ -426,10 +434,18 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
         scale = math.ceil(max(loads) * 1.25 * 10) / 10 * _num(rows[0].get("time_scale") or 1.0)
         title += (f"\nwarning: requests need up to {max(loads):.1f}x the time one prefill engine has, so TTFT is "
                   f"backlog that grows with trace length; job.time_scale={scale:g} replays the trace slower")
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(_wrap(title, fig), fontsize=10)
     fig.tight_layout()
     _save(fig, sweep_dir / "summary.png")
     plt.close(fig)
+
+
+def _wrap(title: str, fig) -> str:
+    """Break each title line to the figure's width (about 13 characters an inch at 10 pt),
+    so a long line is wrapped instead of cut off at both edges."""
+    import textwrap
+    width = max(40, int(fig.get_figwidth() * 13))
+    return "\n".join(textwrap.fill(line, width) for line in title.split("\n"))
 
 
 def _host_by_x(rows, x_key) -> Optional[Dict[float, float]]:

@@ -197,13 +197,3 @@ def test_no_shipped_config_sets_hydra_mode():
         hydra = data.get("hydra") if isinstance(data, dict) else None
         assert not (isinstance(hydra, dict) and "mode" in hydra), path
 
-
-def test_a_sweep_over_jobs_registers_every_job_it_names(tmp_path):
-    """Slim runs store only the chosen job's schema; a sweep over job= must still find each job."""
-    r = run("-m", "job=resolve,plan", "model=llama3_8b", "hardware=h100_80gb", f"hydra.sweep.dir={tmp_path}/s",
-            cwd=tmp_path, timeout=300)
-    assert r.returncode == 0, r.stderr
-    for num, job in (("0", "resolve"), ("1", "plan")):
-        overrides = (tmp_path / "s" / num / ".hydra" / "overrides.yaml").read_text()
-        assert f"job={job}" in overrides
-        assert not (tmp_path / "s" / num / "error.json").exists()

@@ -246,3 +246,16 @@ def test_a_nan_trial_under_optuna_becomes_a_failed_job_return(tmp_path, monkeypa
     monkeypatch.setattr(sweeps, "under_optuna", lambda: False)
     grid = JobReturn(status=JobStatus.COMPLETED, _return_value=float("nan"))
     assert not summary.mark_failed_trial(grid, tmp_path) and grid.status == JobStatus.COMPLETED
+
+
+def test_a_sweep_of_jobs_without_figures_is_all_ok_and_draws_no_empty_chart(tmp_path):
+    """job=resolve writes no figures: its points used to be listed as killed, under an empty plot.
+    (Also: a sweep over job= finds every job although slim runs register only the chosen one.)"""
+    sweep = tmp_path / "s"
+    r = run("-m", "job=resolve,plan", "memory=hicache,default", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert [(row["job"], row["status"]) for row in rows] == [
+        ("resolve", "ok"), ("resolve", "ok"), ("plan", "ok"), ("plan", "ok")]
+    assert rows[2]["device_tokens"] and not rows[0]["device_tokens"]
+    assert not (sweep / "failed.csv").exists() and not (sweep / "summary.png").exists()
