@@ -251,7 +251,7 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
     failures.SWEEP_RUNS.clear()
     try:
         startup.discover_plugins(startup.plugin_packages_needed(cmd.hydra_only, hydra_flags))
-        with startup.mode_probe_skipped(startup.run_mode_is_known(cmd.hydra_only, hydra_flags, cmd.sweep)):
+        with startup.mode_probe_skipped(startup.mode_is_unset(cmd.hydra_only)):
             app()
     except SystemExit as exc:
         return _exit_code(exc)

@@ -4,8 +4,9 @@ A run that needs Hydra's runtime (any ``hydra.*`` setting, ``-m``) pays, before 
 starts, for two things the command line already rules out:
 
 * **the mode probe**: Hydra composes the whole config once only to read ``hydra.mode``,
-  then composes it again for the job.  Nothing in ``conf/`` sets the mode (a test checks),
-  so when the command line does not either, the probe's answer is known: none.
+  then composes it again for the run.  Nothing in ``conf/`` sets the mode (a test checks),
+  so when the command line does not either, the probe's answer is known: none, and ``-m``
+  alone decides between a run and a multirun.
 * **plugin discovery**: Hydra imports every module of every installed ``hydra_plugins``
   package.  The launchers and sweepers CI installs (Ray, Optuna, submitit, joblib) cost
   about 120 ms of a 0.8 s start; a command that selects none of them needs none of them.
@@ -43,11 +44,10 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def run_mode_is_known(hydra_only: Sequence[str], hydra_flags: Sequence[str], sweep: bool) -> bool:
-    """True when this is a plain single run whose ``hydra.mode`` nothing can set: no ``-m``,
-    no ``hydra.mode`` override and no ``hydra.searchpath`` (whose configs could set it)."""
-    if sweep or any(f in ("-m", "--multirun") for f in hydra_flags):
-        return False
+def mode_is_unset(hydra_only: Sequence[str]) -> bool:
+    """True when nothing this command composes can set ``hydra.mode``: no ``hydra.mode``
+    override and no ``hydra.searchpath`` (whose configs could set it); conf/ never does.
+    Then Hydra's probe would find no mode, and Hydra picks it from ``-m`` alone."""
     return not any(_key(o).startswith(("hydra.mode", "hydra.searchpath")) for o in hydra_only)
 
 
@@ -56,8 +56,8 @@ def mode_probe_skipped(skip: bool) -> Iterator[None]:
     """Let Hydra skip the compose that only reads ``hydra.mode`` when we know it is unset.
 
     Hydra treats a probe that returns None as "no mode configured" and runs a single job
-    with ``hydra.mode=RUN``, exactly what the probe would have found; one full composition
-    (a third of a ``hydra.*`` run's start-up) is saved."""
+    (``hydra.mode=RUN``) or, with ``-m``, a multirun: exactly what it does when the probe
+    finds nothing.  One full composition (a third of a ``hydra.*`` run's start-up) is saved."""
     if not skip:
         yield
         return

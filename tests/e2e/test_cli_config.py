@@ -181,6 +181,10 @@ def test_a_hydra_setting_composes_once_and_still_runs_as_a_single_run(tmp_path):
     hydra_yaml = (tmp_path / "run" / ".hydra" / "hydra.yaml").read_text()
     assert "\n  mode: RUN\n" in hydra_yaml
     assert "tp_size: 2" in (tmp_path / "run" / ".hydra" / "config.yaml").read_text()
+    # A sweep skips the probe too (-m alone makes it a multirun); each point is still composed.
+    r, n = _counted("-m", "job=resolve", "parallel.tp_size=1,2", f"hydra.sweep.dir={tmp_path}/m", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert n == 1 and "tp_size: 2" in (tmp_path / "m" / "1" / ".hydra" / "config.yaml").read_text()
     # Asking for the mode on the command line keeps Hydra's probe, and the probe is obeyed.
     r, n = _counted("job=resolve", "hydra.mode=MULTIRUN", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -3,7 +3,7 @@ import json
 import subprocess
 import sys
 
-from sglang_hydra.jobs.startup import plugin_packages_needed, run_mode_is_known
+from sglang_hydra.jobs.startup import mode_is_unset, plugin_packages_needed
 
 
 def test_which_plugin_packages_a_command_needs():
@@ -21,12 +21,10 @@ def test_which_plugin_packages_a_command_needs():
     assert plugin_packages_needed([], ["--hydra-help"]) is None
 
 
-def test_when_the_run_mode_is_known():
-    assert run_mode_is_known(["hydra.run.dir=out"], [], sweep=False)
-    assert not run_mode_is_known([], ["-m"], sweep=False)
-    assert not run_mode_is_known([], [], sweep=True)
-    assert not run_mode_is_known(["hydra.mode=MULTIRUN"], [], sweep=False)
-    assert not run_mode_is_known(["hydra.searchpath=[pkg://x]"], [], sweep=False)
+def test_when_the_mode_is_unset():
+    assert mode_is_unset(["hydra.run.dir=out"]) and mode_is_unset([])
+    assert not mode_is_unset(["hydra.mode=MULTIRUN"])
+    assert not mode_is_unset(["hydra.searchpath=[pkg://x]"])
 
 
 # Compares the registry built by discover_plugins with Hydra's own full scan, in a child
