@@ -91,6 +91,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         import omegaconf
         print(f"sglang-hydra {_version()} (Hydra {hydra.__version__}, OmegaConf {omegaconf.__version__})")
         return EXIT_OK
+    if "--help" in argv or "-h" in argv:      # our page, whatever else is on the line
+        from .config.help import help_page
+        print(help_page(), end="")
+        return EXIT_OK
     from .config.compose import build_command, check_choices
     from .config.deploy import deployment_request
 

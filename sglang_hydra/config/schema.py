@@ -102,7 +102,7 @@ def register_configs(only=None, jobs=None) -> None:
     for name, job in job_schemas().items():
         if jobs is None or name in jobs:
             store.store(group="job", name=name, node=job.config_cls)
-    store.store(group="hydra/help", name="sglang_help", node=help_config(full=only is None))
+    store.store(group="hydra/help", name="sglang_help", node=help_config())
     _registered = True
 
 
