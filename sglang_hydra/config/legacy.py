@@ -16,7 +16,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .coerce import allowed_choices, base_type
+from .coerce import allowed_choices, base_type, cuda_graph_backend, cuda_graph_config, human_readable_int
 from .errors import Problem
 from .record import FIELDS, FieldInfo
 from .spec import FlagSpec, flags_of, has_flag
@@ -50,65 +50,6 @@ def json_list_type(text: str):
 def nullable_str(text: str):
     """Empty text or the word ``None`` means unset, as in the reference."""
     return None if not text or text == "None" else text
-
-
-_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-_SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
-
-
-def human_readable_int(text: str) -> int:
-    """An integer with an optional SI (1k, 2.5M) or IEC (1Ki, 4Gi) suffix; suffixes are case-sensitive."""
-    from decimal import Decimal
-    text = text.strip()
-    m = _SUFFIXED.fullmatch(text)
-    if m:
-        number, suffix = m.groups()
-        if suffix in _IEC:
-            if "." in number:
-                raise argparse.ArgumentTypeError(f"{text!r}: an IEC suffix ({suffix}) takes a whole number")
-            return int(number) * _IEC[suffix]
-        return int(Decimal(number) * _SI[suffix])
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid integer {text!r}: use digits, optionally with k/M/G/T or Ki/Mi/Gi/Ti") from None
-
-
-def cuda_graph_backend(text: str) -> str:
-    if text == "tc_piecewise":
-        raise argparse.ArgumentTypeError("tc_piecewise no longer exists; use breakable, full or disabled")
-    return text
-
-
-def cuda_graph_config(text: str):
-    """A JSON object of phase -> settings; phases and keys as the reference allows them."""
-    from .schema_snapshot import load_snapshot
-    facts = load_snapshot().get("parser_facts", {}).get("cuda_graph_config", {})
-    phases, keys = facts.get("phases", ()), facts.get("keys", {})
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"--cuda-graph-config must be JSON: {exc}")
-    if not isinstance(parsed, dict):
-        raise argparse.ArgumentTypeError(f"--cuda-graph-config must be a JSON object, got {type(parsed).__name__}")
-    out = {}
-    for phase, settings in parsed.items():
-        phase = str(phase)
-        if phases and phase not in phases:
-            raise argparse.ArgumentTypeError(f"--cuda-graph-config: unknown phase {phase!r}; allowed: {', '.join(phases)}")
-        if not isinstance(settings, dict):
-            raise argparse.ArgumentTypeError(f"--cuda-graph-config[{phase!r}] must be a JSON object")
-        if "backend" in settings:
-            cuda_graph_backend(settings["backend"])
-        allowed = keys.get(phase)
-        for k in settings:
-            if allowed is not None and k not in allowed:
-                raise argparse.ArgumentTypeError(
-                    f"--cuda-graph-config[{phase!r}]: unknown key {k!r}; allowed: {', '.join(allowed)}")
-        out[phase] = dict(settings)
-    return out
 
 
 VALUE_PARSERS = {
