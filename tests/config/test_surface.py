@@ -168,6 +168,26 @@ def _fabricated_newer():
     return snap
 
 
+def _fabricated_with_kind_changes():
+    """The newer snapshot plus a changed type, value parser, action kind, and removed/added flags."""
+    snap = _fabricated_newer()
+    for f in snap["fields"]:
+        if f["name"] == "hicache_write_policy":
+            f["type"] = "Optional[str]"
+        if f["name"] == "sm_group_num":
+            f["type"] = "float"
+    for fl in snap["flags"]:
+        if fl["dest"] == "hicache_storage_prefetch_retry_max_attempts":
+            fl["parser"] = "human_readable_int"
+        if fl["dest"] == "hicache_ratio":
+            fl.update(action="store_true", default=False)
+            fl.pop("parser", None)
+        if fl["dest"] == "encoder_bootstrap_port":
+            fl["flags"] = fl["flags"] + ["--encoder-bs-port"]
+    snap["flags"] = [f for f in snap["flags"] if f["dest"] != "disaggregation_bootstrap_port"]
+    return snap
+
+
 def test_version_drift_names_each_difference():
     assert drift(SNAP) == []
     lines = drift(_fabricated_newer())
@@ -177,6 +197,20 @@ def test_version_drift_names_each_difference():
     assert "memory.enable_flexkv: sglang-hydra has this field, SGLang 0.6.0 does not" in text
     assert "memory.hicache_size: default 0 here, 4 in SGLang 0.6.0" in text
     assert "memory.hicache_io_backend: choices" in text and "rdma" in text
+
+
+def test_version_drift_names_type_parser_action_and_flag_changes():
+    lines = drift(_fabricated_with_kind_changes())
+    expected = {
+        "memory.hicache_write_policy: type str here, Optional[str] in SGLang 0.6.0",
+        "disagg.sm_group_num: type int here, float in SGLang 0.6.0",
+        "memory.hicache_storage_prefetch_retry_max_attempts: value parser int here, human_readable_int in SGLang 0.6.0",
+        "memory.hicache_ratio: action store here, store_true in SGLang 0.6.0",
+        "disagg.disaggregation_bootstrap_port: flag --disaggregation-bootstrap-port removed in SGLang 0.6.0",
+        "disagg.encoder_bootstrap_port: flag --encoder-bs-port added in SGLang 0.6.0",
+    }
+    assert expected <= set(lines), sorted(set(lines) - {l for l in lines if "0.6.0" not in l})
+    assert len(lines) == 4 + len(expected), lines
 
 
 def _fake_engine(tmp_path, answer) -> str:
