@@ -255,3 +255,16 @@ def test_config_file_takes_flag_names_prefixes_and_optional_booleans(tmp_path):
     cfg.write_text("enable-metric: true\n")  # a prefix of two flags: ambiguous, so unknown
     with pytest.raises(ConfigError):
         compose_record(argv=["--config", str(cfg)])
+
+
+def test_docs_surface_counts_match_the_code():
+    """docs/surface.md states the field and action counts; they must be today's numbers."""
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "surface.md").read_text().split())
+    ours = [fi for n, fi in FIELDS.items() if n not in reference_fields()]
+    geometry = [fi for fi in ours if fi.namespace == "model"]
+    assert f"its {len(SNAP['fields'])} fields in 12 namespaces" in doc
+    assert f"and {len(SNAP['flags'])} argparse actions" in doc
+    assert f"plus {len(ours)} fields of this project's own" in doc
+    assert f"the {len(geometry)} model-geometry fields" in doc
+    assert f"{len(FIELDS)} record fields in all" in doc
+    assert f"all {len(FIELDS)} (`cli._shows_config`)" in doc
