@@ -540,7 +540,9 @@ def flag_tokens(fi: FieldInfo, v: Any) -> List[str]:
         clash = [t for t in toks if (t.startswith("-") and not _is_number(t)) or is_hydra_override(t)]
         if clash and len(toks) == 1:
             return [f"{flag}={toks[0]}"]  # one item that reads as a flag or an override: attach it
-        if clash:
+        if clash and act.action == "lora_paths":
+            toks = [_lora_item_as_json(t) if t in clash else t for t in toks]
+        elif clash:
             return []  # argparse would read such an item as a flag (or we as an override)
         return [flag, *toks]
     if act.nargs == "?" and v == act.const:
@@ -549,6 +551,15 @@ def flag_tokens(fi: FieldInfo, v: Any) -> List[str]:
     if act.parser == "nullable_str" and (text == "" or text == "None"):
         return []  # the reference reads both as unset
     return [f"{flag}={text}"] if text.startswith("-") or text == "" else [flag, text]
+
+
+def _lora_item_as_json(item: str) -> str:
+    """``NAME=PATH`` (or a bare path) as the JSON object the engine reads the same way; used
+    when the text form would be read as a flag or a Hydra override on one command line."""
+    name, eq, path = item.partition("=")
+    if not eq:
+        name = path = item
+    return json.dumps({"lora_name": name, "lora_path": path})
 
 
 def _scalar_text(v: Any) -> str:

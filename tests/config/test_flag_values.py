@@ -83,6 +83,18 @@ def test_lora_paths_with_overrides_after_them_export_and_read_back():
     assert _round_trip(values) == values
 
 
+def test_lora_items_that_read_as_overrides_export_as_equivalent_json_objects():
+    """The engine reads NAME=PATH and {"lora_name": NAME, "lora_path": PATH} alike
+    (sglang/srt/arg_groups/lora_hook.py), so the export may spell a clashing item that way."""
+    values = dict(DEFAULTS, lora_paths=["a=/x", "job=/y", "-odd"])
+    exported = to_argv(values, DEFAULTS)
+    i = exported.index("--lora-paths")
+    assert exported[i + 1:i + 4] == ["a=/x", '{"lora_name": "job", "lora_path": "/y"}',
+                                     '{"lora_name": "-odd", "lora_path": "-odd"}']
+    assert _round_trip(values)["lora_paths"] == ["a=/x", {"lora_name": "job", "lora_path": "/y"},
+                                                 {"lora_name": "-odd", "lora_path": "-odd"}]
+
+
 # --------------------------------------------------------------------------- non-finite numbers
 @pytest.mark.parametrize("argv, overrides, key, flag, allowed", [
     (["--hicache-ratio", "inf", "--enable-hierarchical-cache"], [], "memory.hicache_ratio", "--hicache-ratio",
