@@ -16,7 +16,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .coerce import allowed_choices, base_type
+from .coerce import allowed_choices, base_type, cuda_graph_backend, cuda_graph_config, human_readable_int
 from .errors import Problem
 from .record import FIELDS, FieldInfo
 from .spec import FlagSpec, flags_of, has_flag
@@ -50,65 +50,6 @@ def json_list_type(text: str):
 def nullable_str(text: str):
     """Empty text or the word ``None`` means unset, as in the reference."""
     return None if not text or text == "None" else text
-
-
-_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-_SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
-
-
-def human_readable_int(text: str) -> int:
-    """An integer with an optional SI (1k, 2.5M) or IEC (1Ki, 4Gi) suffix; suffixes are case-sensitive."""
-    from decimal import Decimal
-    text = text.strip()
-    m = _SUFFIXED.fullmatch(text)
-    if m:
-        number, suffix = m.groups()
-        if suffix in _IEC:
-            if "." in number:
-                raise argparse.ArgumentTypeError(f"{text!r}: an IEC suffix ({suffix}) takes a whole number")
-            return int(number) * _IEC[suffix]
-        return int(Decimal(number) * _SI[suffix])
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid integer {text!r}: use digits, optionally with k/M/G/T or Ki/Mi/Gi/Ti") from None
-
-
-def cuda_graph_backend(text: str) -> str:
-    if text == "tc_piecewise":
-        raise argparse.ArgumentTypeError("tc_piecewise no longer exists; use breakable, full or disabled")
-    return text
-
-
-def cuda_graph_config(text: str):
-    """A JSON object of phase -> settings; phases and keys as the reference allows them."""
-    from .schema_snapshot import load_snapshot
-    facts = load_snapshot().get("parser_facts", {}).get("cuda_graph_config", {})
-    phases, keys = facts.get("phases", ()), facts.get("keys", {})
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"--cuda-graph-config must be JSON: {exc}")
-    if not isinstance(parsed, dict):
-        raise argparse.ArgumentTypeError(f"--cuda-graph-config must be a JSON object, got {type(parsed).__name__}")
-    out = {}
-    for phase, settings in parsed.items():
-        phase = str(phase)
-        if phases and phase not in phases:
-            raise argparse.ArgumentTypeError(f"--cuda-graph-config: unknown phase {phase!r}; allowed: {', '.join(phases)}")
-        if not isinstance(settings, dict):
-            raise argparse.ArgumentTypeError(f"--cuda-graph-config[{phase!r}] must be a JSON object")
-        if "backend" in settings:
-            cuda_graph_backend(settings["backend"])
-        allowed = keys.get(phase)
-        for k in settings:
-            if allowed is not None and k not in allowed:
-                raise argparse.ArgumentTypeError(
-                    f"--cuda-graph-config[{phase!r}]: unknown key {k!r}; allowed: {', '.join(allowed)}")
-        out[phase] = dict(settings)
-    return out
 
 
 VALUE_PARSERS = {
@@ -376,30 +317,36 @@ def split_argv(argv: Sequence[str]) -> SplitArgv:
                     close = difflib.get_close_matches(flag, [a for a in actions if a.startswith("--")], n=1)
                     why = f"unrecognized flag {flag}" + (f"; did you mean {close[0]}?" if close else "")
                 out.problems.append(Problem("", flag, why, source=flag))
-                if not eq and i < len(argv) and not argv[i].startswith("-") and "=" not in argv[i]:
-                    i += 1  # skip its value so it is not mistaken for an override
+                if not eq:
+                    i = _skip_values(argv, i)  # so its values are not mistaken for overrides
                 continue
             action = actions[full]
             flag = full
             if action.kind == "boolean_optional":
                 if eq:
                     out.problems.append(_problem(action, flag, f"argument {flag}: ignored explicit argument {inline!r}"))
+                elif i < len(argv) and _is_stray_word(argv[i]):
+                    out.problems.append(_problem(action, flag, _switch_given_value(action, flag, argv[i])))
+                    i += 1
                 else:
                     out.settings.append((pos, Setting(action.dest, not flag.startswith("--no-"), flag)))
                 continue
             if action.nargs == 0:  # store_true and deprecated store_true flags
                 if eq:
                     out.problems.append(_problem(action, flag, f"argument {flag}: ignored explicit argument {inline!r}"))
+                elif i < len(argv) and _is_stray_word(argv[i]):
+                    out.problems.append(_problem(action, flag, _switch_given_value(action, flag, argv[i])))
+                    i += 1
                 else:
                     out.settings.append((pos, Setting(action.dest, True, flag)))
                 continue
             if action.nargs in ("+", "*"):
                 raws = [inline] if eq else []
-                while not eq and i < len(argv) and _takes_value(argv[i]) and not _looks_like_override(argv[i]):
-                    raws.append(argv[i])
+                while not eq and i < len(argv) and _takes_value(argv[i]) and not is_hydra_override(argv[i]):
+                    raws.append(argv[i])  # NAME=PATH items (--lora-paths a=/x) are values, as in the reference
                     i += 1
                 if not raws and action.nargs == "+":
-                    out.problems.append(_problem(action, flag, f"argument {flag}: expected at least one argument"))
+                    out.problems.append(_problem(action, flag, _missing_value(flag, "at least one value", argv, i)))
                     continue
                 values, bad = [], False
                 for r in raws:
@@ -421,7 +368,7 @@ def split_argv(argv: Sequence[str]) -> SplitArgv:
             if action.nargs == "?":
                 if eq:
                     raw = inline
-                elif i < len(argv) and _takes_value(argv[i]) and not _looks_like_override(argv[i]):
+                elif i < len(argv) and _takes_value(argv[i]) and not is_hydra_override(argv[i]):
                     raw = argv[i]
                     i += 1
                 else:
@@ -429,11 +376,11 @@ def split_argv(argv: Sequence[str]) -> SplitArgv:
                     continue
             elif eq:
                 raw = inline
-            elif i < len(argv) and _takes_value(argv[i]):
+            elif i < len(argv) and _takes_value(argv[i]) and not is_hydra_override(argv[i]):
                 raw = argv[i]
                 i += 1
             else:
-                out.problems.append(_problem(action, flag, f"argument {flag}: expected one argument"))
+                out.problems.append(_problem(action, flag, _missing_value(flag, "a value", argv, i)))
                 continue
             v, prob = _convert(action, flag, raw)
             if prob:
@@ -444,7 +391,10 @@ def split_argv(argv: Sequence[str]) -> SplitArgv:
                 out.settings.append((pos, Setting(action.dest, v, flag)))
             continue
         if tok.startswith("-") and not _looks_like_override(tok):
-            out.problems.append(Problem("", tok, f"unrecognized flag {tok}", source=tok))
+            name, eq, _ = tok.partition("=")
+            out.problems.append(Problem("", name, _single_dash_text(name, actions), source=name))
+            if not eq:
+                i = _skip_values(argv, i)
             continue
         out.overrides.append((pos, tok))
     return out
@@ -452,6 +402,70 @@ def split_argv(argv: Sequence[str]) -> SplitArgv:
 
 def _looks_like_override(tok: str) -> bool:
     return bool(_OVERRIDE_RE.match(tok))
+
+
+# First segments of a Hydra override besides the record's namespaces: job, hardware and Hydra's
+# own settings, and the deployment keys (deploy=pd, prefill.*, decode.*).
+_OVERRIDE_ROOTS = frozenset({"job", "hardware", "hydra", "deploy", "prefill", "decode"})
+
+
+def is_hydra_override(tok: str) -> bool:
+    """Whether a token after a valued flag is a Hydra override rather than the flag's value.
+
+    Only ``key=value`` text whose key starts with a config group or namespace (``memory.x=1``,
+    ``job=resolve``, ``hydra.run.dir=d``) or that adds/removes a key (``+x=1``, ``~x``) is
+    an override; other ``NAME=VALUE`` text is a value, as the reference reads it
+    (``--lora-paths a=/x b=/y``)."""
+    from .fields import NAMESPACES
+    if not _looks_like_override(tok):
+        return False
+    if tok[0] in "+~":
+        return True
+    key = tok.partition("=")[0]
+    root = re.split(r"[./@]", key, maxsplit=1)[0]
+    return root in NAMESPACES or root in _OVERRIDE_ROOTS
+
+
+def _is_stray_word(tok: str) -> bool:
+    """A bare word right after a switch: neither a flag nor an override (``--enable-metrics yes``)."""
+    return not tok.startswith(("-", "+", "~")) and not _looks_like_override(tok)
+
+
+def _switch_given_value(action: FlagAction, flag: str, word: str) -> str:
+    if action.kind == "boolean_optional":
+        spelled = f"give {flag} for on or --no-{flag[2:].removeprefix('no-')} for off"
+    else:
+        spelled = f"give {flag} to turn it on, leave it out for off"
+    fi = FIELDS.get(action.dest)
+    key = f"; or set {fi.key}=true/false" if fi is not None and not fi.arg.no_cli else ""
+    return f"{flag} is a switch and takes no value, got {word!r}: {spelled}{key}"
+
+
+def _missing_value(flag: str, what: str, argv: Sequence[str], i: int) -> str:
+    if i < len(argv) and is_hydra_override(argv[i]):
+        return f"argument {flag}: expects {what}; the next token {argv[i]!r} is a Hydra override, not its value"
+    return f"argument {flag}: expects {what}"
+
+
+def _skip_values(argv: Sequence[str], i: int) -> int:
+    """Past the value tokens of a flag we do not know (its arity is unknown, so all of them)."""
+    while i < len(argv) and _takes_value(argv[i]) and not _looks_like_override(argv[i]):
+        i += 1
+    return i
+
+
+def _single_dash_text(tok: str, actions: Dict[str, FlagAction]) -> str:
+    """``-tp``: the reference has no single-dash flags; name the ``--`` flag it was meant to be."""
+    text = f"unrecognized flag {tok}"
+    if tok.startswith("--") or len(tok) < 3:
+        return text
+    double = "-" + tok
+    full, why = match_flag(double, actions)
+    if full is not None:
+        shown = double if full == double else f"{double} ({full})"
+        return f"{text}; did you mean {shown}? (flags take two dashes)"
+    close = difflib.get_close_matches(double, [a for a in actions if a.startswith("--")], n=1)
+    return text + (f"; did you mean {close[0]}?" if close else "")
 
 
 def _is_number(tok: str) -> bool:
@@ -523,8 +537,13 @@ def flag_tokens(fi: FieldInfo, v: Any) -> List[str]:
         if not items:
             return [flag] if act.nargs == "*" or act.action == "lora_paths" else []
         toks = [json.dumps(x) if isinstance(x, dict) else _scalar_text(x) for x in items]
-        if any(t.startswith("-") and not _is_number(t) for t in toks):
-            return []  # argparse would read such an item as a flag
+        clash = [t for t in toks if (t.startswith("-") and not _is_number(t)) or is_hydra_override(t)]
+        if clash and len(toks) == 1:
+            return [f"{flag}={toks[0]}"]  # one item that reads as a flag or an override: attach it
+        if clash and act.action == "lora_paths":
+            toks = [_lora_item_as_json(t) if t in clash else t for t in toks]
+        elif clash:
+            return []  # argparse would read such an item as a flag (or we as an override)
         return [flag, *toks]
     if act.nargs == "?" and v == act.const:
         return [flag]
@@ -532,6 +551,15 @@ def flag_tokens(fi: FieldInfo, v: Any) -> List[str]:
     if act.parser == "nullable_str" and (text == "" or text == "None"):
         return []  # the reference reads both as unset
     return [f"{flag}={text}"] if text.startswith("-") or text == "" else [flag, text]
+
+
+def _lora_item_as_json(item: str) -> str:
+    """``NAME=PATH`` (or a bare path) as the JSON object the engine reads the same way; used
+    when the text form would be read as a flag or a Hydra override on one command line."""
+    name, eq, path = item.partition("=")
+    if not eq:
+        name = path = item
+    return json.dumps({"lora_name": name, "lora_path": path})
 
 
 def _scalar_text(v: Any) -> str:

@@ -168,6 +168,26 @@ def _fabricated_newer():
     return snap
 
 
+def _fabricated_with_kind_changes():
+    """The newer snapshot plus a changed type, value parser, action kind, and removed/added flags."""
+    snap = _fabricated_newer()
+    for f in snap["fields"]:
+        if f["name"] == "hicache_write_policy":
+            f["type"] = "Optional[str]"
+        if f["name"] == "sm_group_num":
+            f["type"] = "float"
+    for fl in snap["flags"]:
+        if fl["dest"] == "hicache_storage_prefetch_retry_max_attempts":
+            fl["parser"] = "human_readable_int"
+        if fl["dest"] == "hicache_ratio":
+            fl.update(action="store_true", default=False)
+            fl.pop("parser", None)
+        if fl["dest"] == "encoder_bootstrap_port":
+            fl["flags"] = fl["flags"] + ["--encoder-bs-port"]
+    snap["flags"] = [f for f in snap["flags"] if f["dest"] != "disaggregation_bootstrap_port"]
+    return snap
+
+
 def test_version_drift_names_each_difference():
     assert drift(SNAP) == []
     lines = drift(_fabricated_newer())
@@ -177,6 +197,20 @@ def test_version_drift_names_each_difference():
     assert "memory.enable_flexkv: sglang-hydra has this field, SGLang 0.6.0 does not" in text
     assert "memory.hicache_size: default 0 here, 4 in SGLang 0.6.0" in text
     assert "memory.hicache_io_backend: choices" in text and "rdma" in text
+
+
+def test_version_drift_names_type_parser_action_and_flag_changes():
+    lines = drift(_fabricated_with_kind_changes())
+    expected = {
+        "memory.hicache_write_policy: type str here, Optional[str] in SGLang 0.6.0",
+        "disagg.sm_group_num: type int here, float in SGLang 0.6.0",
+        "memory.hicache_storage_prefetch_retry_max_attempts: value parser int here, human_readable_int in SGLang 0.6.0",
+        "memory.hicache_ratio: action store here, store_true in SGLang 0.6.0",
+        "disagg.disaggregation_bootstrap_port: flag --disaggregation-bootstrap-port removed in SGLang 0.6.0",
+        "disagg.encoder_bootstrap_port: flag --encoder-bs-port added in SGLang 0.6.0",
+    }
+    assert expected <= set(lines), sorted(set(lines) - {l for l in lines if "0.6.0" not in l})
+    assert len(lines) == 4 + len(expected), lines
 
 
 def _fake_engine(tmp_path, answer) -> str:
@@ -221,3 +255,16 @@ def test_config_file_takes_flag_names_prefixes_and_optional_booleans(tmp_path):
     cfg.write_text("enable-metric: true\n")  # a prefix of two flags: ambiguous, so unknown
     with pytest.raises(ConfigError):
         compose_record(argv=["--config", str(cfg)])
+
+
+def test_docs_surface_counts_match_the_code():
+    """docs/surface.md states the field and action counts; they must be today's numbers."""
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "surface.md").read_text().split())
+    ours = [fi for n, fi in FIELDS.items() if n not in reference_fields()]
+    geometry = [fi for fi in ours if fi.namespace == "model"]
+    assert f"its {len(SNAP['fields'])} fields in 12 namespaces" in doc
+    assert f"and {len(SNAP['flags'])} argparse actions" in doc
+    assert f"plus {len(ours)} fields of this project's own" in doc
+    assert f"the {len(geometry)} model-geometry fields" in doc
+    assert f"{len(FIELDS)} record fields in all" in doc
+    assert f"all {len(FIELDS)} (`cli._shows_config`)" in doc
