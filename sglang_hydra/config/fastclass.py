@@ -1,7 +1,7 @@
 """Dataclasses with hundreds of fields, built without generating code.
 
 ``dataclasses.make_dataclass`` writes and compiles an ``__init__``/``__repr__``/``__eq__``
-per class; for the 557-field record and its namespaces that costs about half a second at
+per class; for the 561-field record and its namespaces that costs about half a second at
 every start.  :func:`fast_dataclass` builds a class that ``dataclasses.fields``,
 ``dataclasses.is_dataclass``, ``dataclasses.replace`` and OmegaConf accept the same way,
 with one shared ``__init__`` that loops over the fields instead.
