@@ -253,7 +253,7 @@ def settings_from_mapping(data: Any, source: str, cmd: Command, *, choices_ok: b
         if k in NAMESPACES and isinstance(v, dict):
             for fk, fv in v.items():
                 _one(f"{k}.{fk}", fv, source, cmd, keys, flags)
-        elif k in GROUPS and isinstance(v, str) and choices_ok:
+        elif k in GROUPS and isinstance(v, str) and choices_ok and not _flag_not_preset(k, v, flags):
             cmd.choices.setdefault(k, v)
         elif k == "job" and isinstance(v, dict):
             for fk, fv in v.items():
@@ -263,6 +263,16 @@ def settings_from_mapping(data: Any, source: str, cmd: Command, *, choices_ok: b
                 cmd.hardware_settings.append((str(fk), fv, source))
         else:
             _one(k, v, source, cmd, keys, flags)
+
+
+def _flag_not_preset(key: str, value: str, flags: Dict[str, str]) -> bool:
+    """Whether a top-level ``--config`` key that names both a preset group and an SGLang flag
+    (``model:``, the ``--model`` alias of ``--model-path``; ``device:``, ``--device``) means the
+    flag: it does when its value is not one of the group's presets (``model: llama3_8b`` selects
+    the preset, ``model: meta-llama/Llama-3.1-8B-Instruct`` and ``device: cpu`` set the flag)."""
+    if not dict.__contains__(flags, key):   # the exact spelling of a flag, not a prefix of one
+        return False
+    return value not in group_options(key)
 
 
 def _one(k: str, v: Any, source: str, cmd: Command, keys: Dict[str, str], flags: Dict[str, str]) -> None:
@@ -322,6 +332,30 @@ def load_config_file(path: str, cmd: Command) -> None:
         cmd.problems.append(Problem("", "--config", _yaml_error_text(path, exc)))
         return
     settings_from_mapping(data if data is not None else {}, f"--config {path}", cmd, choices_ok=True)
+    _keep_hicache_auto_sizing(cmd)
+
+
+def _keep_hicache_auto_sizing(cmd: Command) -> None:
+    """A file that states a HiCache host-memory fraction beside the ratio resolution fills in by
+    default (what a printed record holds: ``hicache_ratio: 2.0`` next to
+    ``hicache_host_memory_fraction: 0.8``) keeps auto-sizing on.
+
+    Resolution (M-HR3) turns the fraction off whenever a ratio is *given*; a record printed by
+    ``job=resolve`` names the defaulted ratio, so reading it back would silently switch auto-sizing
+    off.  The defaulted ratio is therefore not counted as given: resolution fills in the same
+    value again.  A ratio other than that default still turns the fraction off."""
+    last = {s.name: s for s in cmd.settings}
+    ratio, frac = last.get("hicache_ratio"), last.get("hicache_host_memory_fraction")
+    if ratio is None or frac is None or frac.value is None:
+        return
+    mode = last.get("hicache_host_memory_mode")
+    default = 1.2 if mode is not None and mode.value == "buffer_only" else 2.0
+    try:
+        same = float(ratio.value) == default
+    except (TypeError, ValueError):
+        return      # a bad value: coercion reports it
+    if same:
+        cmd.settings = [s for s in cmd.settings if s.name != "hicache_ratio"]
 
 
 def _yaml_error_text(path: str, exc: BaseException) -> str:
