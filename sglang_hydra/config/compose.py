@@ -20,6 +20,7 @@ rules, and every problem of the command is reported in one :class:`ConfigError`.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from dataclasses import MISSING, dataclass, field, fields as dc_fields
 from pathlib import Path
@@ -32,6 +33,9 @@ from .legacy import Setting, flag_to_field, split_argv
 from .record import FIELDS, ServerArgs
 from .presets import GROUPS, conf_dir, default_choices, group_options, no_such_option, preset, yaml_load  # noqa: F401  (GROUPS, conf_dir: re-exported)
 from .registry import job_schemas
+
+
+log = logging.getLogger("sglang_hydra.config")
 
 
 # --------------------------------------------------------------------------- the request
@@ -47,6 +51,7 @@ class Command:
     hydra_only: List[str] = field(default_factory=list)               # hydra.* / hydra/... overrides
     problems: List[Problem] = field(default_factory=list)
     sweep: bool = False
+    deprecated: List[Tuple[str, str]] = field(default_factory=list)  # (deprecated flag spelling, where)
 
 
 @functools.lru_cache(maxsize=1)
@@ -282,7 +287,45 @@ def _one(k: str, v: Any, source: str, cmd: Command, keys: Dict[str, str], flags:
         return
     if FIELDS[name].type is bool and v is False and flags.get(k.lstrip("-")) == name:
         pass  # "flag: false" keeps the flag off, as the reference does
+    flag = "--" + k.lstrip("-")
+    if v is not False and v is not None and flag in _deprecated_flags():
+        cmd.deprecated.append((flag, source))
+        from .legacy import flag_actions
+        action = flag_actions()[flag]
+        if action.kind == "deprecated_store_const" and action.choices and v in action.choices:
+            v = action.const     # `monokernel-backend: amd` sets what `--monokernel-backend amd` sets
     cmd.settings.append(Setting(name, v, source))
+
+
+@functools.lru_cache(maxsize=1)
+def _deprecated_flags() -> frozenset:
+    from .legacy import flag_actions
+    return frozenset(f for f, a in flag_actions().items() if a.kind.startswith("deprecated"))
+
+
+# What replaces each deprecated reference flag (the engine names the same replacements).
+_DEPRECATED_FLAG_REPLACEMENTS = {
+    "--enable-dp-attention": "--attn-dp-size <N> in place of --dp-size <N> --enable-dp-attention",
+    "--disable-cuda-graph": "--cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled",
+    "--monokernel-backend": "--enable-amd-monokernel in place of --monokernel-backend amd",
+}
+
+
+def deprecated_flag_notes(spellings: Sequence[Tuple[str, str]]) -> List[str]:
+    """One warning per deprecated flag used: ``(flag, where)`` pairs -> texts naming the replacement."""
+    from .legacy import flag_actions
+    actions = flag_actions()
+    out = []
+    for flag, where in spellings:
+        action = actions.get(flag)
+        if action is None or not action.kind.startswith("deprecated"):
+            continue
+        use = _DEPRECATED_FLAG_REPLACEMENTS.get(flag)
+        text = (f"warning: {flag} ({where}) is deprecated in SGLang and will be removed"
+                + (f"; use {use}" if use else ""))
+        if text not in out:
+            out.append(text)
+    return out
 
 
 def build_command(overrides: Sequence[str] = (), argv: Sequence[str] = (), config_file: Optional[str] = None,
@@ -315,6 +358,8 @@ def build_command(overrides: Sequence[str] = (), argv: Sequence[str] = (), confi
     cmd.hydra_overrides = cli.hydra_overrides
     cmd.hydra_only = cli.hydra_only
     cmd.sweep = cli.sweep
+    for text in deprecated_flag_notes([(s.source, "command line") for s in cli.settings] + file_cmd.deprecated):
+        log.warning(text)
     return cmd, split.hydra_flags
 
 
