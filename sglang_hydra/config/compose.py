@@ -268,6 +268,7 @@ def settings_from_mapping(data: Any, source: str, cmd: Command, *, choices_ok: b
                 cmd.hardware_settings.append((str(fk), fv, source))
         else:
             _one(k, v, source, cmd, keys, flags)
+    _keep_hicache_auto_sizing(cmd)
 
 
 def _flag_not_preset(key: str, value: str, flags: Dict[str, str]) -> bool:
@@ -377,7 +378,6 @@ def load_config_file(path: str, cmd: Command) -> None:
         cmd.problems.append(Problem("", "--config", _yaml_error_text(path, exc)))
         return
     settings_from_mapping(data if data is not None else {}, f"--config {path}", cmd, choices_ok=True)
-    _keep_hicache_auto_sizing(cmd)
 
 
 def _keep_hicache_auto_sizing(cmd: Command) -> None:

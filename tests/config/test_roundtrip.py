@@ -106,3 +106,33 @@ def test_a_ratio_other_than_the_default_still_turns_auto_sizing_off(tmp_path):
     # the same pair on the command line follows the engine: a given ratio always turns it off
     rec = compose_record(argv=["--hicache-ratio", "2", "--hicache-host-memory-fraction", "0.8"])
     assert rec.hicache_host_memory_fraction is None
+
+
+def test_a_defaulted_ratio_in_any_mapping_keeps_auto_sizing():
+    """Deploy sides (``prefill:``/``decode:`` sections) are read by settings_from_mapping too."""
+    from sglang_hydra.config.compose import Command, settings_from_mapping
+    cmd = Command()
+    settings_from_mapping({"hicache_ratio": 2.0, "hicache_host_memory_fraction": 0.8}, "side", cmd, choices_ok=True)
+    assert [s.name for s in cmd.settings] == ["hicache_host_memory_fraction"]
+
+
+def test_a_printed_pd_deployment_reads_back(tmp_path):
+    """deploy=pd records read back per side (the router section and the private bookkeeping
+    fields that render_deployment prints are left out: they are not settings)."""
+    from sglang_hydra.config.deploy import compose_deployment, deployment_request
+    from sglang_hydra.jobs.resolve import render_deployment
+
+    def deployment(argv):
+        return compose_deployment(deployment_request(argv))[0]
+
+    def strip(text):
+        data = yaml.safe_load(text)
+        data.pop("router", None)
+        for side in ("prefill", "decode"):
+            data[side] = {k: v for k, v in data[side].items() if not k.startswith("_")}
+        return data
+
+    first = render_deployment(deployment(["deploy=pd", "decode.memory.hicache_ratio=3"]), "yaml")
+    (tmp_path / "pd.yaml").write_text(yaml.safe_dump(strip(first), sort_keys=False))
+    again = render_deployment(deployment(["--config", str(tmp_path / "pd.yaml")]), "yaml")
+    assert strip(again) == strip(first)
