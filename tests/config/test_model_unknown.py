@@ -64,6 +64,7 @@ def test_mla_only_checks_do_not_judge_an_unknown_model(caplog):
     hicache_dcp = ["--enable-hierarchical-cache", "--dcp-size", "2"]
     rec, notes = _info_notes(caplog, ["--model-path", "deepseek-ai/DeepSeek-V3", *hicache_dcp])
     assert rec.dcp_size == 2 and any("MLA model" in n and "KV geometry is unknown" in n for n in notes)
+    assert any("architecture and KV geometry fields are the tiny preset's defaults" in n for n in notes)
     compose_record(argv=["model=deepseek_v3", *hicache_dcp])                  # MLA preset: fine
     assert any("needs an MLA model" in p.message for p in _problems(["model=llama3_8b", *hicache_dcp]))
     um = ["--enable-unified-memory", "--dcp-size", "2", "--attention-backend", "flashinfer"]

@@ -76,6 +76,17 @@ def geometry_from_checkpoint(cfg: Resolving) -> None:
         cfg.declare(**fill)
 
 
+@rule(0.5, "model-geometry")
+def note_stand_in_model(cfg: Resolving) -> None:
+    """Say once when the record's architecture and geometry are the tiny stand-in's."""
+    from .model_facts import architecture_known, geometry_known, unknown_model_hint
+    unknown = [w for w, known in (("architecture", architecture_known(cfg)), ("KV geometry", geometry_known(cfg)))
+               if not known]
+    if unknown:
+        cfg.info(f"the record's {' and '.join(unknown)} fields are the tiny preset's defaults, standing in: "
+                 f"{unknown_model_hint(cfg.model_path, unknown[0])}; checks that depend on them are skipped")
+
+
 @rule(21, "device-default")
 def detect_device(cfg: Resolving) -> None:
     """Unset device: cuda when a GPU is visible, else cpu; any ':N' index is dropped."""
