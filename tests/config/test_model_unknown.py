@@ -140,6 +140,8 @@ def test_json_text_settings_are_checked_at_resolve_time():
     assert "not valid JSON" in p.message
     (p,) = _problems(["--model-loader-extra-config", "[1, 2]"])
     assert p.key.endswith("model_loader_extra_config") and "not an object" in p.message
+    (p,) = _problems(["--kv-events-config", "publisher=zmq"])
+    assert p.flag == "--kv-events-config" and "not valid JSON" in p.message
     rec = compose_record(argv=["--json-model-override-args", '{"rope_scaling": {"factor": 2}}'])
     assert json.loads(rec.json_model_override_args) == {"rope_scaling": {"factor": 2}}
 

@@ -236,7 +236,7 @@ def diffusion_llm(cfg: Resolving) -> None:
 
 # Settings the engine reads as JSON text only once the model loads (the flag takes a plain
 # string); a typo there would pass every check and fail at server start.
-_JSON_OBJECT_TEXT = ("json_model_override_args", "model_loader_extra_config")
+_JSON_OBJECT_TEXT = ("json_model_override_args", "model_loader_extra_config", "kv_events_config")
 
 
 @rule(2, "X-JSON")
