@@ -269,6 +269,7 @@ def settings_from_mapping(data: Any, source: str, cmd: Command, *, choices_ok: b
         else:
             _one(k, v, source, cmd, keys, flags)
     _keep_hicache_auto_sizing(cmd)
+    _unstate_stand_in_model(cmd)
 
 
 def _flag_not_preset(key: str, value: str, flags: Dict[str, str]) -> bool:
@@ -378,6 +379,29 @@ def load_config_file(path: str, cmd: Command) -> None:
         cmd.problems.append(Problem("", "--config", _yaml_error_text(path, exc)))
         return
     settings_from_mapping(data if data is not None else {}, f"--config {path}", cmd, choices_ok=True)
+
+
+@functools.lru_cache(maxsize=1)
+def _stand_in_model_fields() -> Tuple[str, ...]:
+    """The model's shape fields (no engine flag): their defaults are the tiny preset's model."""
+    return tuple(n for n, fi in FIELDS.items() if fi.namespace == "model" and fi.arg.hydra_only)
+
+
+def _unstate_stand_in_model(cmd: Command) -> None:
+    """A file whose model shape fields all hold the defaults (the tiny stand-in a record printed
+    for an unknown model carries: ``architecture: LlamaForCausalLM``, two layers ...) does not
+    thereby state the model: those settings are dropped, so the values stay the same and
+    architecture- and geometry-dependent rules keep skipping, as they did for the printed record.
+    A file that gives any shape field another value states the model as written."""
+    names = _stand_in_model_fields()
+    given = [s for s in cmd.settings if s.name in names]
+    if not given:
+        return
+    for s in given:
+        v, err = coerce(FIELDS[s.name], s.value)
+        if err or v != FIELDS[s.name].default_value():
+            return
+    cmd.settings = [s for s in cmd.settings if s.name not in names]
 
 
 def _keep_hicache_auto_sizing(cmd: Command) -> None:

@@ -26,6 +26,9 @@ COMMAND_LINES = [
     ["--tp", "4", "--attn-dp-size", "2"],
     ["model=llama3_8b", "--page-size", "16"],
     ["--radix-eviction-policy", "lfu"],
+    # unknown models: the printed stand-in shape must not become a stated Llama when read back
+    ["--model-path", "Qwen/Qwen2.5-VL-7B-Instruct", "--encoder-only"],
+    ["--model-path", "deepseek-ai/DeepSeek-V3", "--enable-hierarchical-cache", "--dcp-size", "2"],
 ]
 
 
@@ -136,3 +139,23 @@ def test_a_printed_pd_deployment_reads_back(tmp_path):
     (tmp_path / "pd.yaml").write_text(yaml.safe_dump(strip(first), sort_keys=False))
     again = render_deployment(deployment(["--config", str(tmp_path / "pd.yaml")]), "yaml")
     assert strip(again) == strip(first)
+
+
+def test_a_checkpoint_record_reads_back(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 3, "num_key_value_heads": 2,
+        "num_attention_heads": 4, "hidden_size": 128, "max_position_embeddings": 8192}))
+    first = render(compose_record(argv=["--model-path", str(ckpt), "--tp", "2"]), "yaml")
+    assert render(_read_back(first, "yaml", tmp_path), "yaml") == first
+
+
+def test_a_file_that_states_a_model_shape_keeps_it(tmp_path):
+    (tmp_path / "s.yaml").write_text("model-path: Qwen/Qwen2.5-VL-7B-Instruct\nencoder-only: true\n"
+                                     "architecture: LlamaForCausalLM\nnum_hidden_layers: 28\n")
+    with pytest.raises(ConfigError, match="does not support LlamaForCausalLM"):
+        compose_record(argv=["--config", str(tmp_path / "s.yaml")])
+    (tmp_path / "q.yaml").write_text("model-path: Qwen/Qwen2.5-VL-7B-Instruct\nencoder-only: true\n"
+                                     "architecture: Qwen2_5_VLForConditionalGeneration\n")
+    assert compose_record(argv=["--config", str(tmp_path / "q.yaml")]).encoder_only is True
