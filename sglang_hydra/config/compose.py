@@ -20,6 +20,7 @@ rules, and every problem of the command is reported in one :class:`ConfigError`.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from dataclasses import MISSING, dataclass, field, fields as dc_fields
 from pathlib import Path
@@ -32,6 +33,9 @@ from .legacy import Setting, flag_to_field, split_argv
 from .record import FIELDS, ServerArgs
 from .presets import GROUPS, conf_dir, default_choices, group_options, no_such_option, preset, yaml_load  # noqa: F401  (GROUPS, conf_dir: re-exported)
 from .registry import job_schemas
+
+
+log = logging.getLogger("sglang_hydra.config")
 
 
 # --------------------------------------------------------------------------- the request
@@ -47,6 +51,7 @@ class Command:
     hydra_only: List[str] = field(default_factory=list)               # hydra.* / hydra/... overrides
     problems: List[Problem] = field(default_factory=list)
     sweep: bool = False
+    deprecated: List[Tuple[str, str]] = field(default_factory=list)  # (deprecated flag spelling, where)
 
 
 @functools.lru_cache(maxsize=1)
@@ -253,7 +258,7 @@ def settings_from_mapping(data: Any, source: str, cmd: Command, *, choices_ok: b
         if k in NAMESPACES and isinstance(v, dict):
             for fk, fv in v.items():
                 _one(f"{k}.{fk}", fv, source, cmd, keys, flags)
-        elif k in GROUPS and isinstance(v, str) and choices_ok:
+        elif k in GROUPS and isinstance(v, str) and choices_ok and not _flag_not_preset(k, v, flags):
             cmd.choices.setdefault(k, v)
         elif k == "job" and isinstance(v, dict):
             for fk, fv in v.items():
@@ -263,6 +268,18 @@ def settings_from_mapping(data: Any, source: str, cmd: Command, *, choices_ok: b
                 cmd.hardware_settings.append((str(fk), fv, source))
         else:
             _one(k, v, source, cmd, keys, flags)
+    _keep_hicache_auto_sizing(cmd)
+    _unstate_stand_in_model(cmd)
+
+
+def _flag_not_preset(key: str, value: str, flags: Dict[str, str]) -> bool:
+    """Whether a top-level ``--config`` key that names both a preset group and an SGLang flag
+    (``model:``, the ``--model`` alias of ``--model-path``; ``device:``, ``--device``) means the
+    flag: it does when its value is not one of the group's presets (``model: llama3_8b`` selects
+    the preset, ``model: meta-llama/Llama-3.1-8B-Instruct`` and ``device: cpu`` set the flag)."""
+    if not dict.__contains__(flags, key):   # the exact spelling of a flag, not a prefix of one
+        return False
+    return value not in group_options(key)
 
 
 def _one(k: str, v: Any, source: str, cmd: Command, keys: Dict[str, str], flags: Dict[str, str]) -> None:
@@ -272,7 +289,45 @@ def _one(k: str, v: Any, source: str, cmd: Command, keys: Dict[str, str], flags:
         return
     if FIELDS[name].type is bool and v is False and flags.get(k.lstrip("-")) == name:
         pass  # "flag: false" keeps the flag off, as the reference does
+    flag = "--" + k.lstrip("-")
+    if v is not False and v is not None and flag in _deprecated_flags():
+        cmd.deprecated.append((flag, source))
+        from .legacy import flag_actions
+        action = flag_actions()[flag]
+        if action.kind == "deprecated_store_const" and action.choices and v in action.choices:
+            v = action.const     # `monokernel-backend: amd` sets what `--monokernel-backend amd` sets
     cmd.settings.append(Setting(name, v, source))
+
+
+@functools.lru_cache(maxsize=1)
+def _deprecated_flags() -> frozenset:
+    from .legacy import flag_actions
+    return frozenset(f for f, a in flag_actions().items() if a.kind.startswith("deprecated"))
+
+
+# What replaces each deprecated reference flag (the engine names the same replacements).
+_DEPRECATED_FLAG_REPLACEMENTS = {
+    "--enable-dp-attention": "--attn-dp-size <N> in place of --dp-size <N> --enable-dp-attention",
+    "--disable-cuda-graph": "--cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled",
+    "--monokernel-backend": "--enable-amd-monokernel in place of --monokernel-backend amd",
+}
+
+
+def deprecated_flag_notes(spellings: Sequence[Tuple[str, str]]) -> List[str]:
+    """One warning per deprecated flag used: ``(flag, where)`` pairs -> texts naming the replacement."""
+    from .legacy import flag_actions
+    actions = flag_actions()
+    out = []
+    for flag, where in spellings:
+        action = actions.get(flag)
+        if action is None or not action.kind.startswith("deprecated"):
+            continue
+        use = _DEPRECATED_FLAG_REPLACEMENTS.get(flag)
+        text = (f"warning: {flag} ({where}) is deprecated in SGLang and will be removed"
+                + (f"; use {use}" if use else ""))
+        if text not in out:
+            out.append(text)
+    return out
 
 
 def build_command(overrides: Sequence[str] = (), argv: Sequence[str] = (), config_file: Optional[str] = None,
@@ -305,6 +360,8 @@ def build_command(overrides: Sequence[str] = (), argv: Sequence[str] = (), confi
     cmd.hydra_overrides = cli.hydra_overrides
     cmd.hydra_only = cli.hydra_only
     cmd.sweep = cli.sweep
+    for text in deprecated_flag_notes([(s.source, "command line") for s in cli.settings] + file_cmd.deprecated):
+        log.warning(text)
     return cmd, split.hydra_flags
 
 
@@ -322,6 +379,52 @@ def load_config_file(path: str, cmd: Command) -> None:
         cmd.problems.append(Problem("", "--config", _yaml_error_text(path, exc)))
         return
     settings_from_mapping(data if data is not None else {}, f"--config {path}", cmd, choices_ok=True)
+
+
+@functools.lru_cache(maxsize=1)
+def _stand_in_model_fields() -> Tuple[str, ...]:
+    """The model's shape fields (no engine flag): their defaults are the tiny preset's model."""
+    return tuple(n for n, fi in FIELDS.items() if fi.namespace == "model" and fi.arg.hydra_only)
+
+
+def _unstate_stand_in_model(cmd: Command) -> None:
+    """A file whose model shape fields all hold the defaults (the tiny stand-in a record printed
+    for an unknown model carries: ``architecture: LlamaForCausalLM``, two layers ...) does not
+    thereby state the model: those settings are dropped, so the values stay the same and
+    architecture- and geometry-dependent rules keep skipping, as they did for the printed record.
+    A file that gives any shape field another value states the model as written."""
+    names = _stand_in_model_fields()
+    given = [s for s in cmd.settings if s.name in names]
+    if not given:
+        return
+    for s in given:
+        v, err = coerce(FIELDS[s.name], s.value)
+        if err or v != FIELDS[s.name].default_value():
+            return
+    cmd.settings = [s for s in cmd.settings if s.name not in names]
+
+
+def _keep_hicache_auto_sizing(cmd: Command) -> None:
+    """A file that states a HiCache host-memory fraction beside the ratio resolution fills in by
+    default (what a printed record holds: ``hicache_ratio: 2.0`` next to
+    ``hicache_host_memory_fraction: 0.8``) keeps auto-sizing on.
+
+    Resolution (M-HR3) turns the fraction off whenever a ratio is *given*; a record printed by
+    ``job=resolve`` names the defaulted ratio, so reading it back would silently switch auto-sizing
+    off.  The defaulted ratio is therefore not counted as given: resolution fills in the same
+    value again.  A ratio other than that default still turns the fraction off."""
+    last = {s.name: s for s in cmd.settings}
+    ratio, frac = last.get("hicache_ratio"), last.get("hicache_host_memory_fraction")
+    if ratio is None or frac is None or frac.value is None:
+        return
+    mode = last.get("hicache_host_memory_mode")
+    default = 1.2 if mode is not None and mode.value == "buffer_only" else 2.0
+    try:
+        same = float(ratio.value) == default
+    except (TypeError, ValueError):
+        return      # a bad value: coercion reports it
+    if same:
+        cmd.settings = [s for s in cmd.settings if s.name != "hicache_ratio"]
 
 
 def _yaml_error_text(path: str, exc: BaseException) -> str:

@@ -63,6 +63,29 @@ def model_dir_for(record, workdir: Path) -> str:
     return str(workdir)
 
 
+def stand_in_caveat(record) -> Optional[str]:
+    """What the engine could not judge when :func:`model_dir_for` had to make the model up.
+
+    For a ``model_path`` that is neither a checkpoint directory nor a selected preset, the
+    written ``config.json`` carries the tiny defaults (a two-layer Llama); the engine then
+    judges that stand-in, so its model-dependent checks say nothing about the real model."""
+    from .rules.model_facts import ARCHITECTURE_FIELDS, GEOMETRY_FIELDS, known_in_record
+    if (Path(str(record.model_path)) / "config.json").is_file():
+        return None
+    unknown = [what for what, fields in (("architecture", ARCHITECTURE_FIELDS), ("KV geometry", GEOMETRY_FIELDS))
+               if not known_in_record(record, fields)]
+    if not unknown:
+        return None
+    return (f"not judged for {record.model_path!r}: its {' and '.join(unknown)} "
+            f"{'is' if len(unknown) == 1 else 'are'} unknown (neither a selected model preset nor a local "
+            f"checkpoint directory), so the engine checked a stand-in config.json ({record.architecture}, "
+            f"{record.attention_arch.upper()}, {record.num_hidden_layers} layers, {record.num_key_value_heads} KV heads); "
+            "its model-dependent checks (which architectures a feature supports, MLA-only or MHA-only options, "
+            "hybrid-layer options, head and layer counts against the parallel sizes) describe that stand-in, "
+            "not this model. State the model with model=<preset>, a checkpoint directory, or "
+            "model.architecture=... and the geometry fields")
+
+
 def engine_argv(record, model_dir: str) -> Tuple[List[str], List[str]]:
     """(argv for the engine, notes on what was added for a CPU-only check)."""
     from .legacy import to_argv
@@ -100,9 +123,12 @@ def check_with_engine(record, python: Optional[str] = None, *, drift_check: bool
     """(problems, notes): the engine's verdict on ``record`` and what it noticed on the way."""
     from .drift import drift
     python = python or sys.executable
+    caveat = stand_in_caveat(record)
     with tempfile.TemporaryDirectory(prefix="sglang-hydra-check-") as tmp:
         argv, notes = engine_argv(record, model_dir_for(record, Path(tmp) / "model"))
         answer = run_probe(python, {"argv": argv, "schema": drift_check})
+    if caveat:
+        notes.append(caveat)
     if not answer.get("installed"):
         why = answer.get("error", "")
         return [Problem("job.check", None, f"SGLang is not installed in {python} ({why}); install sglang there "
@@ -114,6 +140,10 @@ def check_with_engine(record, python: Optional[str] = None, *, drift_check: bool
             notes.append(f"version drift: {line}")
     v = answer.get("verdict") or {}
     if v.get("ok"):
-        notes.append(f"SGLang {version} accepts this configuration")
+        notes.append(f"SGLang {version} accepts this configuration" + (" (with the stand-in model)" if caveat else ""))
         return [], notes
-    return [verdict_problem(v.get("error", "unknown error"), version)], notes
+    problem = verdict_problem(v.get("error", "unknown error"), version)
+    if caveat:
+        problem = Problem(problem.key, problem.flag, problem.message + " (judged with a stand-in model: "
+                          "the architecture/geometry is unknown; see the note above)", problem.source)
+    return [problem], notes

@@ -181,7 +181,27 @@ def verdict(argv):
         lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
         return {"ok": False, "error": lines[-1] if lines else f"exit {exc.code}"}
     except Exception as exc:  # noqa: BLE001 - every failure is the engine's verdict
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        text = f"{type(exc).__name__}: {exc}".rstrip(": ")
+        if isinstance(exc, AssertionError) or not str(exc).strip():
+            text += failing_frame(exc)
+        return {"ok": False, "error": text}
+
+
+def failing_frame(exc: BaseException) -> str:
+    """Where the engine failed, for an error whose message says nothing (a bare ``assert``):
+    `` at sglang/srt/x.py:12 in fn: assert a == b``, the innermost frame of the traceback."""
+    import traceback
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    f = frames[-1]
+    path = f.filename.replace(os.sep, "/")
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    where = f" at {path}:{f.lineno} in {f.name}"
+    return f"{where}: {f.line.strip()}" if f.line and f.line.strip() else where
 
 
 def quiet_engine_output():

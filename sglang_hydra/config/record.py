@@ -54,7 +54,8 @@ def collect_fields() -> Dict[str, FieldInfo]:
                 raise ValueError(
                     f"{f.name!r} is declared by both {NAMESPACES[collected[f.name].namespace].__name__} "
                     f"and {cls.__name__}; a field belongs to exactly one namespace")
-            collected[f.name] = FieldInfo(f.name, ns, hints[f.name], f.default, f.default_factory, arg_of(f))
+            collected[f.name] = FieldInfo(f.name, ns, hints[f.name], _as_declared_type(hints[f.name], f.default),
+                                          f.default_factory, arg_of(f))
     # The reference's positional order first (our frozen order names a subset of it in the
     # same relative order), then this project's own fields (KV geometry) in collection order.
     from .schema_snapshot import reference_fields
@@ -64,6 +65,18 @@ def collect_fields() -> Dict[str, FieldInfo]:
         ordered = {n: collected[n] for n in ref_order}
     ordered.update((n, fi) for n, fi in collected.items() if n not in ordered)
     return ordered
+
+
+def _as_declared_type(tp: Any, default: Any) -> Any:
+    """A whole-number default of a float field as a float (``watchdog_timeout: 300.0``).
+
+    Every value given for such a field is coerced to float, so an int default would print as
+    ``300`` in a resolved record and read back as ``300.0``: the record would not round-trip."""
+    import typing
+    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) is typing.Union else [tp]
+    if args == [float] and type(default) is int:
+        return float(default)
+    return default
 
 
 def _type_hints(cls) -> Dict[str, Any]:

@@ -293,7 +293,9 @@ def test_x_dllm_and_x_rs():
 
 def test_x_dp_folds_deprecated_flag():
     r = compose_record(argv=["--enable-dp-attention", "--dp-size", "4"])
-    assert (r.attn_dp_size, r.dp_size, r.enable_dp_attention) == (4, 1, False)
+    # the record reports the switch as the engine's resolved_dict does: attention DP runs
+    assert (r.attn_dp_size, r.dp_size, r.enable_dp_attention) == (4, 1, True)
+    assert [e for e in r.resolution_log if e[1] == "enable_dp_attention"][0][3] is False  # folded first
 
 
 # ---- RT-5 / RT-8

@@ -18,8 +18,9 @@ class _ParallelRules:
     dcp_size: int = arg(1, "Decode context parallel degree.", ge=1)
     ep_size: int = arg(1, "Expert parallel degree.", ge=1)
     enable_dp_attention: bool = arg(
-        False, "Deprecated spelling of attention data parallelism; always folded into "
-        "--attn-dp-size during resolution.", no_cli=True)
+        False, "Deprecated switch for attention data parallelism. As input, true folds --dp-size into "
+        "--attn-dp-size (when that is 1); the resolved record reports whether attention DP runs "
+        "(attn_dp_size > 1), as the engine's resolved config does, so a printed record reads back the same.")
     enable_dp_attention_local_control_broadcast: bool = arg(
         False, "Broadcast DP-attention control messages locally.")
     nnodes: int = arg(1, "Number of nodes the server spans.", ge=1)

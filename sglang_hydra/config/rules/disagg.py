@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from ..rulebook import Resolving, rule
+from .model_facts import architecture_known, skip_unjudged
 
 _DCP_DECODE_BACKENDS = ("mooncake", "nixl", "mori", "ascend", "fake")
 _ENCODER_ARCHS = (
@@ -198,6 +199,7 @@ def speculative_algorithm(cfg: Resolving) -> None:
 @rule(73, "D-ENC")
 def encoder_disaggregation(cfg: Resolving) -> None:
     arch = cfg.architecture
+    arch_known = architecture_known(cfg)   # else `arch` is the tiny stand-in: judge nothing by it
     # D-ENC1
     if cfg.language_model_only:
         for name, flag in (("encoder_only", "--encoder-only"), ("language_only", "--language-only"),
@@ -206,10 +208,13 @@ def encoder_disaggregation(cfg: Resolving) -> None:
                            ("mm_enable_dp_encoder", "--mm-enable-dp-encoder")):
             if cfg.values[name]:
                 cfg.error("language_model_only", f"cannot be combined with {flag}")
-        if cfg.mode != "null" and cfg.model_type != "deepseek_v41":
-            cfg.error("language_model_only", "cannot be used on a PD prefill or decode server")
-        if arch not in _LANGUAGE_MODEL_ONLY_ARCHS:
-            cfg.error("language_model_only", f"{arch} is not supported; supported: {', '.join(_LANGUAGE_MODEL_ONLY_ARCHS)}")
+        if not arch_known:
+            skip_unjudged(cfg, "whether the model supports --language-model-only (and on a PD server)")
+        else:
+            if cfg.mode != "null" and cfg.model_type != "deepseek_v41":
+                cfg.error("language_model_only", "cannot be used on a PD prefill or decode server")
+            if arch not in _LANGUAGE_MODEL_ONLY_ARCHS:
+                cfg.error("language_model_only", f"{arch} is not supported; supported: {', '.join(_LANGUAGE_MODEL_ONLY_ARCHS)}")
     # D-ENC2
     if cfg.enable_prefix_mm_cache and not cfg.encoder_only:
         cfg.error("enable_prefix_mm_cache", "only works on an encoder server (--encoder-only)")
@@ -228,7 +233,9 @@ def encoder_disaggregation(cfg: Resolving) -> None:
         chosen = "zmq_to_tokenizer" if arch == "KimiK3ForConditionalGeneration" and cfg.tp_size > 1 else "zmq_to_scheduler"
         cfg.declare(encoder_transfer_backend=chosen)
     # D-ENC6 / D-ENC7
-    if (cfg.encoder_only or cfg.language_only) and arch not in _ENCODER_ARCHS:
+    if (cfg.encoder_only or cfg.language_only) and not arch_known:
+        skip_unjudged(cfg, "whether encoder disaggregation (--encoder-only/--language-only) supports the model")
+    elif (cfg.encoder_only or cfg.language_only) and arch not in _ENCODER_ARCHS:
         cfg.error("encoder_only" if cfg.encoder_only else "language_only",
                   f"encoder disaggregation does not support {arch}; supported families: Qwen2-VL/Qwen3-VL/Qwen3.5, "
                   "InternS2, Qwen2-Audio, Qwen2.5-Omni/Qwen3-Omni, Dots3-Note, Kimi, MiMo-V2, GLM5-Next, MiniMax-M3, MuseSpark")

@@ -7,6 +7,7 @@ import json
 from ..extra_config import parse_extra_config
 from ..policy_params import validate_policy_config
 from ..rulebook import Resolving, rule
+from .model_facts import geometry_known, skip_unjudged, unknown_model_hint
 
 _LINKER_KEYS = ("linker", "linker_module_path", "linker_extra_config")
 _SPECULATIVE = ("EAGLE", "EAGLE3", "NEXTN", "DSPARK", "STANDALONE", "NGRAM", "DFLASH", "UNO", "FROZEN_KV_MTP")
@@ -130,7 +131,9 @@ def hicache(cfg: Resolving) -> None:
             cfg.error("enable_lmcache", "does not support --dcp-size > 1")
         if cfg.enable_hisparse:
             cfg.error("enable_hisparse", "does not support --dcp-size > 1")
-        if not cfg.use_mla():
+        if not geometry_known(cfg):
+            skip_unjudged(cfg, "whether HiCache with --dcp-size > 1 has the MLA model it needs", "KV geometry")
+        elif not cfg.use_mla():
             cfg.error("dcp_size", "HiCache with --dcp-size > 1 needs an MLA model; MHA host pools have no DCP translation")
 
 
@@ -215,16 +218,23 @@ def page_major_layout(cfg: Resolving) -> None:
         cfg.error(f, "is only supported together with --enable-unified-memory for now")
         return
     mla = cfg.use_mla()
-    if mla:
-        allowed = {"triton", "fa3", "trtllm_mla", "flashinfer", "cutedsl_mla", "flashmla"}
+    by_geometry = {"mla": {"triton", "fa3", "trtllm_mla", "flashinfer", "cutedsl_mla", "flashmla"},
+                   "mha_split_v": {"triton", "fa3", "fa4"},
+                   "mha": {"triton", "fa3", "fa4", "flashinfer", "trtllm_mha"}}
+    if not geometry_known(cfg):   # refuse only backends that no geometry accepts
+        allowed = set().union(*by_geometry.values())
+        cfg.info("the page-major layout's attention backends were checked only against what some KV geometry "
+                 f"accepts: {unknown_model_hint(cfg.model_path, 'KV geometry')}")
+    elif mla:
+        allowed = by_geometry["mla"]
     elif (cfg.v_head_dim or cfg.head_dim) != cfg.head_dim:
-        allowed = {"triton", "fa3", "fa4"}
+        allowed = by_geometry["mha_split_v"]
     else:
-        allowed = {"triton", "fa3", "fa4", "flashinfer", "trtllm_mha"}
+        allowed = by_geometry["mha"]
     backends = {b for b in _attention_pair(cfg) if b is not None}
     if not backends <= allowed:
         cfg.error(f, f"attention backends {sorted(backends)} are not supported with it; use one of {sorted(allowed)}")
-    extra = {"cutedsl", "helion"} if mla else set()
+    extra = {"cutedsl", "helion"} if mla or not geometry_known(cfg) else set()
     dec = cfg.linear_attn_decode_backend or cfg.linear_attn_backend
     pre = cfg.linear_attn_prefill_backend or cfg.linear_attn_backend
     if dec is not None and dec not in {"triton", "flashinfer"} | extra:
@@ -246,8 +256,11 @@ def unified_memory(cfg: Resolving) -> None:
         return
     f = "enable_unified_memory"
     alg = cfg.speculative_algorithm
-    hybrid = cfg.hybrid
-    mla = cfg.use_mla()
+    known = geometry_known(cfg)
+    if not known:   # the tiny stand-in's MHA, non-hybrid geometry must not decide anything
+        skip_unjudged(cfg, "which unified-memory combinations the model's MLA/hybrid layout allows", "KV geometry")
+    hybrid = cfg.hybrid if known else None
+    mla = cfg.use_mla() if known else None
     if cfg.mode != "null":
         if cfg.backend != "mooncake":
             cfg.error(f, f"with PD disaggregation only the mooncake transfer backend is supported, got {cfg.backend!r}")
@@ -262,7 +275,7 @@ def unified_memory(cfg: Resolving) -> None:
         if cfg.disaggregation_decode_enable_offload_kvcache:
             if cfg.hicache_storage_backend != "file":
                 cfg.error(f, "decode KV offload only supports --hicache-storage-backend file")
-            if mla:
+            if mla is True:
                 cfg.error(f, "decode KV offload does not support MLA models yet")
             if hybrid == "mamba":
                 cfg.error(f, "decode KV offload does not support hybrid-Mamba models")
@@ -276,10 +289,11 @@ def unified_memory(cfg: Resolving) -> None:
         cfg.error(f, f"supports a linear draft chain only (--speculative-eagle-topk 1), got {cfg.speculative_eagle_topk!r}")
     backends = set(_attention_pair(cfg))
     if alg in ("EAGLE", "EAGLE3"):
-        if hybrid not in ("swa", "mamba"):
+        if known and hybrid not in ("swa", "mamba"):
             cfg.error(f, "with EAGLE/EAGLE3 needs a hybrid target (sliding-window or Mamba)")
-        audited = {"triton", "trtllm_mla", "cutedsl_mla", "flashmla", "flashinfer", "fa3"} if mla else \
-            {"triton", "flashinfer", "fa3", "trtllm_mha"}
+        audited_mla = {"triton", "trtllm_mla", "cutedsl_mla", "flashmla", "flashinfer", "fa3"}
+        audited_mha = {"triton", "flashinfer", "fa3", "trtllm_mha"}
+        audited = audited_mla if mla is True else audited_mha if mla is False else audited_mla | audited_mha
         if None in backends or not backends <= audited:
             cfg.error(f, f"with EAGLE/EAGLE3 needs explicit target attention backends from {sorted(audited)}, got "
                       f"{sorted(map(str, backends))}")
@@ -307,7 +321,7 @@ def unified_memory(cfg: Resolving) -> None:
     if cfg.enable_unified_cache_external_linker:
         cfg.error(f, "cannot be combined with --enable-unified-cache-external-linker; use --enable-hierarchical-cache")
     if cfg.dcp_size > 1:
-        if not mla:
+        if mla is False:
             cfg.error(f, "with --dcp-size > 1 needs an MLA model")
         if hybrid in ("swa", "pure_swa"):
             cfg.error(f, "with --dcp-size > 1 does not support sliding-window models")

@@ -76,6 +76,17 @@ def geometry_from_checkpoint(cfg: Resolving) -> None:
         cfg.declare(**fill)
 
 
+@rule(0.5, "model-geometry")
+def note_stand_in_model(cfg: Resolving) -> None:
+    """Say once when the record's architecture and geometry are the tiny stand-in's."""
+    from .model_facts import architecture_known, geometry_known, unknown_model_hint
+    unknown = [w for w, known in (("architecture", architecture_known(cfg)), ("KV geometry", geometry_known(cfg)))
+               if not known]
+    if unknown:
+        cfg.info(f"the record's {' and '.join(unknown)} fields are the tiny preset's defaults, standing in: "
+                 f"{unknown_model_hint(cfg.model_path, unknown[0])}; checks that depend on them are skipped")
+
+
 @rule(21, "device-default")
 def detect_device(cfg: Resolving) -> None:
     """Unset device: cuda when a GPU is visible, else cpu; any ':N' index is dropped."""
@@ -97,14 +108,45 @@ def _gpu_visible(env) -> bool:
 
 @rule(24, "X-POD")
 def prefill_only_without_kv(cfg: Resolving) -> None:
+    """Prefill-only serving without a KV cache: the preconditions of the engine's no-op KV pool."""
     if not cfg.prefill_only_disable_kv_cache:
         return
+    f = "prefill_only_disable_kv_cache"
+    if not cfg.is_embedding:
+        cfg.error(f, "is only supported for embedding models for now (add --is-embedding); other prefill-only "
+                  "workloads still read or write the paged KV cache")
+    if cfg.kv_cache_dtype in ("nvfp4", "fp4_mx_block16", "mxfp8"):
+        cfg.error(f, f"cannot be combined with --kv-cache-dtype {cfg.kv_cache_dtype}: that pool keeps its own "
+                  "scale buffers or allocation path, which the no-op pool does not provide")
+    if cfg.chunked_prefill_size != -1:
+        cfg.error(f, f"needs --chunked-prefill-size -1 (got {cfg.chunked_prefill_size!r}) so that each request is "
+                  "prefilled in one pass and no chunk has to read KV back from the pool")
+    if cfg.attn_cp_size > 1:
+        cfg.error(f, "cannot be combined with --attn-cp-size > 1: context-parallel attention writes KV into the "
+                  "pool, which the no-op pool refuses")
+    if cfg.enable_prefill_cp:
+        cfg.error(f, "cannot be combined with --enable-prefill-cp: prefill context parallelism stages KV through "
+                  "the paged cache")
     if not cfg.disable_radix_cache:
         cfg.error("prefill_only_disable_kv_cache", "needs --disable-radix-cache: with no KV kept, the radix "
                   "cache would point at slots holding no data")
     if cfg.enable_hisparse:
         cfg.error("prefill_only_disable_kv_cache", "cannot be combined with --enable-hisparse, which needs its "
                   "own pool family rather than the no-op KV pool")
+
+
+@rule(46, "X-POD")
+def prefill_only_backend(cfg: Resolving) -> None:
+    """Prefill-only serving without a KV cache runs only on the FlashAttention prefill backends.
+
+    Checked once the device rules have picked a backend; a backend still unset here is chosen by
+    the engine from the GPU it runs on, so it is left to the engine."""
+    if not cfg.prefill_only_disable_kv_cache:
+        return
+    backend = cfg.prefill_attention_backend or cfg.attention_backend
+    if backend is not None and backend not in ("fa3", "fa4"):
+        cfg.error("prefill_only_disable_kv_cache", f"needs the FlashAttention prefill backend (fa3 or fa4), but the "
+                  f"prefill attention backend is {backend!r}")
 
 
 @rule(30, "X-NPU")
@@ -190,3 +232,30 @@ def diffusion_llm(cfg: Resolving) -> None:
                 cfg.declare(**{name: False}, warn=f"{label} is turned off for diffusion LLM inference")
     if cfg.mode != "null":
         cfg.declare(disaggregation_mode="null", warn="diffusion LLM inference cannot run disaggregated")
+
+
+# Settings the engine reads as JSON text only once the model loads (the flag takes a plain
+# string); a typo there would pass every check and fail at server start.
+_JSON_OBJECT_TEXT = ("json_model_override_args", "model_loader_extra_config", "kv_events_config")
+
+
+@rule(2, "X-JSON")
+def json_text_settings(cfg: Resolving) -> None:
+    """Settings given as JSON text."""
+    for name in _JSON_OBJECT_TEXT:
+        text = cfg.values[name]
+        if text is None:
+            continue
+        try:
+            data = json.loads(text) if isinstance(text, str) else text
+        except ValueError as exc:
+            cfg.error(name, f"{_short(text)!r} is not valid JSON ({exc}); give a JSON object such as "
+                      "'{\"key\": 1}' (the engine parses it when the model loads)")
+            continue
+        if not isinstance(data, dict):
+            cfg.error(name, f"{_short(text)!r} is JSON but not an object; give a JSON object such as '{{\"key\": 1}}'")
+
+
+def _short(text, limit: int = 60) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + "..."
