@@ -56,7 +56,7 @@ class Command:
 
 @functools.lru_cache(maxsize=1)
 def _all_record_keys() -> Dict[str, str]:
-    # Cached: FIELDS never changes, and the record has 557 fields (read-only to callers).
+    # Cached: FIELDS never changes, and the record has 561 fields (read-only to callers).
     return {fi.key: name for name, fi in FIELDS.items() if not fi.arg.no_cli}
 
 

@@ -35,7 +35,7 @@ class FieldInfo:
             return self.default_factory()
         d = self.default
         if d is None or type(d) in _IMMUTABLE:
-            return d  # most of the 557 defaults: no copy needed
+            return d  # most of the 561 defaults: no copy needed
         return copy.deepcopy(d)
 
     @property

@@ -46,8 +46,8 @@ class Disagg:
         "object (or .json file) mapping GPU id to devices. Unset keeps the backend's own "
         "device choice.")
     disaggregation_decode_enable_radix_cache: bool = arg(
-        False, "Keep a radix cache on the decode server (experimental; not with the fake "
-        "backend, HiSparse or speculative algorithms other than EAGLE, EAGLE3 and DSPARK).")
+        False, "Keep a radix cache on the decode server (experimental). Refused with the fake "
+        "transfer backend, with HiSparse, and with any speculative algorithm except EAGLE, EAGLE3 or DSPARK.")
     disaggregation_decode_enable_offload_kvcache: bool = arg(
         False, "Let the decode server offload finished KV to the HiCache storage tier.")
     disaggregation_decode_retraction_backup: Optional[str] = arg(

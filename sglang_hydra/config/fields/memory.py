@@ -46,8 +46,8 @@ class Memory:
         "only to stage pages on their way to and from the storage tier.",
         choices=("cache", "buffer_only"))
     hicache_ratio: Optional[float] = arg(
-        None, "Host tier size as a multiple of the device pool. Unset: 2.0 in cache mode, "
-        "1.2 in buffer_only mode; decode servers settle it at start-up.")
+        None, "Host tier size as a multiple of the device pool. Unset: twice the pool when the "
+        "host tier caches, 1.2 times when it only buffers (buffer_only); decode servers settle it at start-up.")
     hicache_size: int = arg(
         0, "Host tier size in GB (1 GB = 1e9 bytes) per rank; when positive it wins over "
         "--hicache-ratio.")
