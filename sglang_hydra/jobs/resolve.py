@@ -42,12 +42,36 @@ def render_deployment(dep, fmt: str) -> str:
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
 
 
+def engine_verdict(target, python):
+    """(problems, notes) from ``job.check=engine`` for a record or for each side of a deployment.
+
+    A deployment's sides are checked one by one; their problems are keyed ``prefill.<key>`` /
+    ``decode.<key>`` and their notes start with the role.  An interpreter without SGLang is one
+    problem for the whole command (the second side is not tried), and version drift is reported
+    once: it concerns the engine, not a side."""
+    from ..config.deploy import Deployment
+    from ..config.engine_check import check_with_engine
+    from ..config.errors import Problem
+
+    if not isinstance(target, Deployment):
+        return check_with_engine(target, python)
+    problems, notes = [], []
+    for i, server in enumerate(target.servers):
+        side_problems, side_notes = check_with_engine(server.record, python, drift_check=(i == 0))
+        if any(p.key == "job.check" for p in side_problems):       # no usable engine: nothing to say per side
+            return side_problems, side_notes
+        role = server.role
+        problems += [Problem(f"{role}.{p.key}" if p.key else role, p.flag, p.message, p.source)
+                     for p in side_problems]
+        notes += [n if n.startswith("version drift") else f"{role}: {n}" for n in side_notes]
+    return problems, notes
+
+
 def run(record, job: dict, ctx: JobContext) -> dict:
     if job.get("check") == "engine":
         import sys
-        from ..config.engine_check import check_with_engine
         from ..config.errors import ConfigError
-        problems, notes = check_with_engine(record, job.get("python"))
+        problems, notes = engine_verdict(record, job.get("python"))
         for note in notes:
             print(f"sglang-hydra: check=engine: {note}", file=sys.stderr)
         if problems:

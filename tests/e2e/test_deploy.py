@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 
@@ -77,3 +78,58 @@ def test_deploy_single_is_the_ordinary_record(tmp_path):
     a = run("deploy=single", "schedule.page_size=16", "job=resolve", cwd=tmp_path)
     b = run("schedule.page_size=16", "job=resolve", cwd=tmp_path)
     assert a.returncode == b.returncode == 0 and a.stdout == b.stdout
+
+
+# ---------------------------------------------------------------- job.check=engine on both sides
+REFERENCE_PYTHON = os.environ.get("SGLANG_HYDRA_REFERENCE_PYTHON")
+
+
+def _engine_rejecting_decode(tmp_path) -> str:
+    """An interpreter that answers like engine_probe.py: it accepts prefill and rejects decode,
+    naming a field, so each side's verdict can be told apart without SGLang."""
+    import stat
+    script = tmp_path / "fake_python"
+    script.write_text(
+        f"#!{sys.executable}\nimport sys, json\nreq = json.loads(sys.stdin.read())\nargv = req['argv']\n"
+        "mode = argv[argv.index('--disaggregation-mode') + 1]\n"
+        "verdict = {'ok': True, 'error': ''} if mode == 'prefill' else "
+        "{'ok': False, 'error': 'ValueError: --max-running-requests must be larger on decode'}\n"
+        "print(json.dumps({'installed': True, 'version': '9.9', 'schema': None, 'verdict': verdict}))\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def test_pd_check_engine_without_sglang_is_one_clear_error(tmp_path):
+    r = run("deploy=pd", "decode.parallel.tp_size=2", "job=resolve", "job.check=engine",
+            f"job.python={sys.executable}", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "AttributeError" not in r.stderr and r.stdout == ""
+    assert r.stderr.count(f"job.check: SGLang is not installed in {sys.executable}") == 1
+
+
+def test_pd_check_engine_keys_each_sides_verdict_by_role(tmp_path):
+    r = run("deploy=pd", "job=resolve", "job.check=engine", f"job.python={_engine_rejecting_decode(tmp_path)}",
+            cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert ("decode.schedule.max_running_requests (--max-running-requests): SGLang 9.9 rejects this configuration"
+            in r.stderr)
+    assert "prefill.schedule" not in r.stderr
+    assert "check=engine: prefill: SGLang 9.9 accepts this configuration" in r.stderr
+
+
+@pytest.mark.reference
+@pytest.mark.skipif(not REFERENCE_PYTHON, reason="set SGLANG_HYDRA_REFERENCE_PYTHON to a venv with sglang 0.5.23")
+def test_pd_check_engine_with_the_real_engine(tmp_path):
+    r = run("deploy=pd", "decode.parallel.tp_size=2", "job=resolve", "job.check=engine", "job.format=argv",
+            f"job.python={REFERENCE_PYTHON}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[1].startswith("decode: --model-path tiny --tp-size 2")
+    for role in ("prefill", "decode"):
+        assert f"check=engine: {role}: SGLang 0.5.23 accepts this configuration" in r.stderr
+    r = run("deploy=pd", "--page-size", "16", "--attention-backend", "torch_native",
+            "decode.spec.speculative_algorithm=EAGLE", "decode.spec.speculative_eagle_topk=4",
+            "decode.spec.speculative_num_draft_tokens=8", "job=resolve", "job.check=engine",
+            f"job.python={REFERENCE_PYTHON}", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "check=engine: prefill: SGLang 0.5.23 accepts this configuration" in r.stderr
+    assert "  - decode" in r.stderr and "SGLang 0.5.23 rejects this configuration" in r.stderr
