@@ -66,7 +66,8 @@ def test_pd_configuration_errors_exit_2_with_every_problem(tmp_path):
     r = run("deploy=pd", "prefill.serving.port=31000", "decode.serving.port=31000",
             "decode.schedule.page_size=64", "job=resolve", cwd=tmp_path)
     assert r.returncode == 2
-    assert "decode.serving.port: port 31000 is also prefill.serving.port (--port)" in r.stderr
+    assert "decode.serving.port (--port): port 31000 is also prefill.serving.port (--port)" in r.stderr
+    assert "copied to both sides" not in r.stderr
     r = run("deploy=pd", "decode.schedule.page_size=64", "job=resolve", cwd=tmp_path)
     assert r.returncode == 2
     assert "schedule.page_size (--page-size): prefill has 1 but decode has 64" in r.stderr
@@ -133,3 +134,15 @@ def test_pd_check_engine_with_the_real_engine(tmp_path):
     assert r.returncode == 2, r.stderr
     assert "check=engine: prefill: SGLang 0.5.23 accepts this configuration" in r.stderr
     assert "  - decode" in r.stderr and "SGLang 0.5.23 rejects this configuration" in r.stderr
+
+
+def test_pd_with_attention_dp_lays_decode_past_prefills_derived_ports(tmp_path):
+    r = run("deploy=pd", "--device", "cuda", "--tp", "2", "--dp", "2", "--enable-dp-attention", "job=resolve",
+            "job.format=argv", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    decode = r.stdout.splitlines()[1].split()
+    port = int(decode[decode.index("--port") + 1])
+    assert port + 233 > 30000 + 239         # SGLang binds --port + 233 .. + 239 on each side under attention DP
+    r = run("deploy=pd", "--nccl-port", "5000", "job=resolve", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "decode.parallel.nccl_port (--nccl-port): port 5000 is also prefill.parallel.nccl_port" in r.stderr
