@@ -148,9 +148,10 @@ def deployment_request(argv: Sequence[str]) -> Optional[DeployRequest]:
     req = DeployRequest()
     found = False
     argv = list(argv)
+    free = _free_tokens(argv)
     i = 0
     while i < len(argv):
-        tok = argv[i]
+        pos, tok = i, argv[i]
         i += 1
         if tok == "--config" or tok.startswith("--config="):
             path = tok.partition("=")[2] if "=" in tok else (argv[i] if i < len(argv) else None)
@@ -159,7 +160,7 @@ def deployment_request(argv: Sequence[str]) -> Optional[DeployRequest]:
             req.config_file = path
             req.shared_argv += [tok] if "=" in tok else [tok] + ([path] if path is not None else [])
             continue
-        m = _TOKEN.match(tok)
+        m = _TOKEN.match(tok) if pos in free else None
         if not m:
             req.shared_argv.append(tok)
             continue
@@ -175,6 +176,15 @@ def deployment_request(argv: Sequence[str]) -> Optional[DeployRequest]:
     if req.config_file and _load_file_sections(req):
         found = True
     return req if found else None
+
+
+def _free_tokens(argv: Sequence[str]) -> set:
+    """Positions of the tokens that stand for themselves: not a legacy flag's value (so
+    ``--chat-template decode.jinja`` or ``--served-model-name deploy=x`` are values, not keys)."""
+    if not any(_TOKEN.match(tok) for tok in argv):
+        return set()
+    from .legacy import split_argv
+    return {pos for pos, _text in split_argv(argv).overrides}
 
 
 def _deploy_token(req: DeployRequest, sep: str, rest: str, tok: str) -> None:

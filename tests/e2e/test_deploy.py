@@ -146,3 +146,12 @@ def test_pd_with_attention_dp_lays_decode_past_prefills_derived_ports(tmp_path):
     r = run("deploy=pd", "--nccl-port", "5000", "job=resolve", cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "decode.parallel.nccl_port (--nccl-port): port 5000 is also prefill.parallel.nccl_port" in r.stderr
+
+
+def test_flag_values_that_look_like_deployment_keys_stay_values(tmp_path):
+    r = run("--chat-template", "decode.jinja", "job=resolve", "job.format=argv", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "--model-path tiny --chat-template decode.jinja"
+    r = run("--served-model-name", "deploy=x", "job=resolve", "job.format=argv", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "--model-path tiny --served-model-name deploy=x"

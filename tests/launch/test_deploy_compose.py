@@ -292,3 +292,16 @@ def test_an_assigned_port_moves_past_a_written_one_and_two_written_ones_clash():
     out = problems("deploy=pd", "prefill.parallel.nccl_port=30001", "decode.serving.port=30001")
     assert len(out) == 1 and out[0].startswith("decode.serving.port (--port): port 30001 is also "
                                                "prefill.parallel.nccl_port (--nccl-port)")
+
+
+# ---------------------------------------------------------------- flag values are not deployment keys
+def test_legacy_flag_values_are_not_deployment_tokens():
+    assert deployment_request(["--chat-template", "decode.jinja", "job=resolve"]) is None
+    assert deployment_request(["--served-model-name", "deploy=x"]) is None
+    assert deployment_request(["--chat-template=prefill.jinja"]) is None
+    dep, _, _ = deploy("deploy=pd", "--served-model-name", "decode.x", "--chat-template", "prefill.jinja")
+    for role in ("prefill", "decode"):
+        rec = dep.server(role).record
+        assert (rec.served_model_name, rec.chat_template) == ("decode.x", "prefill.jinja")
+    req = deployment_request(["-m", "deploy=pd"])            # a Hydra flag without a value leaves it alone
+    assert req is not None and req.option == "pd"
