@@ -309,6 +309,8 @@ class _Side:
     side_settings: List[Setting]   # what only this side says
     shared_settings: List[Setting] # what the top level says
     hydra_flags: List[str]
+    side_choices: Dict[str, str] = field(default_factory=dict)     # presets only this side selects
+    shared_choices: Dict[str, str] = field(default_factory=dict)   # presets the top level selects
 
     @property
     def side_names(self) -> set:
@@ -348,7 +350,8 @@ def _side_command(req: DeployRequest, role: Optional[str]) -> _Side:
         cmd.problems.append(Problem(f"{role}.job", None, "the job applies to the whole deployment; set job=... "
                                     "at top level", "deploy"))
     return _Side(role or "server", cmd, file_side.settings + cli_side.settings,
-                 file_shared.settings + shared.settings, hydra_flags)
+                 file_shared.settings + shared.settings, hydra_flags,
+                 {**file_side.choices, **cli_side.choices}, {**file_shared.choices, **shared.choices})
 
 
 def _without_config(argv: Sequence[str]) -> List[str]:
@@ -454,12 +457,22 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
                              f"drop {st.value!r}", st.source)
                  for st in first.shared_settings
                  if st.name == "disaggregation_mode" and st.value not in (None, "null")]
+    shared_mode = _preset_mode(first.shared_choices.get("disagg"))
+    if shared_mode:
+        problems.append(Problem("disagg", None, f"disagg={first.shared_choices['disagg']} sets disaggregation_mode="
+                                f"{shared_mode}, but deploy=pd sets each side's mode itself (prefill, decode); "
+                                f"drop the disagg selection", "deploy"))
     per_side = {}
     for s in sides:
         per_side[s.role] = [problem_for("disaggregation_mode", f"is {s.role} on this side (set by deploy=pd); "
                                         f"drop {st.value!r}", st.source)
                             for st in s.side_settings
                             if st.name == "disaggregation_mode" and str(st.value) != s.role]
+        side_mode = _preset_mode(s.side_choices.get("disagg"))
+        if side_mode and side_mode != s.role:
+            per_side[s.role].append(Problem(f"{s.role}.disagg", None, f"disagg={s.side_choices['disagg']} sets "
+                                            f"disaggregation_mode={side_mode}, but this side is {s.role} (set by "
+                                            f"deploy=pd); drop the selection", "deploy"))
     first_pass = {s.role: _compose(s, [Setting("disaggregation_mode", s.role, _SOURCE)], env, quiet=True)
                   for s in sides}
     for s in sides:
@@ -497,6 +510,16 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
                     tuple(settings.router_extra_args))
     dep = Deployment("pd", (Server("prefill", final["prefill"]), Server("decode", final["decode"])), router)
     return dep, composed_job.job_name, composed_job.job
+
+
+def _preset_mode(option: Optional[str]) -> Optional[str]:
+    """The disaggregation mode a ``disagg`` preset selects (None for none, or no such preset)."""
+    if not option:
+        return None
+    from .presets import preset
+    data, _ = preset("disagg", str(option))
+    mode = ((data or {}).get("disagg") or {}).get("disaggregation_mode")
+    return None if mode in (None, "null") else str(mode)
 
 
 def _dedupe(problems: List[Problem]) -> List[Problem]:

@@ -305,3 +305,16 @@ def test_legacy_flag_values_are_not_deployment_tokens():
         assert (rec.served_model_name, rec.chat_template) == ("decode.x", "prefill.jinja")
     req = deployment_request(["-m", "deploy=pd"])            # a Hydra flag without a value leaves it alone
     assert req is not None and req.option == "pd"
+
+
+def test_a_disagg_preset_cannot_choose_a_sides_mode(tmp_path):
+    out = problems("deploy=pd", "decode.disagg=prefill")
+    assert len(out) == 1 and out[0].startswith("decode.disagg: disagg=prefill sets disaggregation_mode=prefill")
+    out = problems("deploy=pd", "disagg=decode")
+    assert len(out) == 1 and out[0].startswith("disagg: disagg=decode") and "deploy=pd sets each side's mode" in out[0]
+    cfg = tmp_path / "pd.yaml"
+    cfg.write_text("decode: {disagg: prefill}\n")
+    out = problems("--config", str(cfg))
+    assert len(out) == 1 and out[0].startswith("decode.disagg:")
+    dep, _, _ = deploy("deploy=pd", "prefill.disagg=prefill", "disagg=none")     # the same mode, or none: fine
+    assert dep.server("prefill").record.disaggregation_mode == "prefill"
