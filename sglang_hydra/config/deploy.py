@@ -478,14 +478,31 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
     for s in sides:
         per_side[s.role] += first_pass[s.role][2]
     problems += _merge_side_problems(per_side, req.side_argv)
-    if problems:
-        raise ConfigError(_dedupe(problems))
+    # every check that can run on what composed goes on, so one run reports all it can
+    job_name = str(first.cmd.choices.get("job"))
+    from .presets import group_options
+    if job_name not in DEPLOYMENT_JOBS and job_name in group_options("job"):
+        problems.append(Problem("job", None, f"job={job_name} works on one record, not a deployment; deploy=pd "
+                                f"supports job={' and job='.join(DEPLOYMENT_JOBS)}", "deploy"))
     records = {role: rec for role, (rec, _c, _p) in first_pass.items()}
     by_role = {s.role: s for s in sides}
-    assigned, router_ports = _lay_out_ports(records, by_role, settings, explicit_deploy, problems)
-    assigned["decode"].update(_lay_out_gpus(records, by_role, problems))
+    if all(records.values()):
+        assigned, router_ports = _lay_out_ports(records, by_role, settings, explicit_deploy, problems)
+        assigned["decode"].update(_lay_out_gpus(records, by_role, problems))
+        problems += cross_side_problems(records["prefill"], records["decode"])
+    else:       # a side failed: check the rest on a stand-in without the settings that failed
+        stand_in, dropped = {}, set()
+        for s in sides:
+            stand_in[s.role], gone = (records[s.role], set()) if records[s.role] else _stand_in(s, first_pass[s.role][2], env)
+            dropped |= {f"{s.role}.{name}" for name in gone}
+        if all(stand_in.values()):
+            port_problems: List[Problem] = []
+            _lay_out_ports(stand_in, by_role, settings, explicit_deploy, port_problems)
+            problems += [p for p in port_problems if not _mentions(p, dropped)]
+            problems += [p for p in cross_side_problems(stand_in["prefill"], stand_in["decode"])
+                         if not any(d.endswith("." + _field_of(p.key)) for d in dropped)]
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(_dedupe(problems))
 
     # pass 2: the same commands with the ports laid out
     final: Dict[str, ServerArgs] = {}
@@ -500,16 +517,40 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
             composed_job = composed_job or composed
     if not problems:
         problems += cross_side_problems(final["prefill"], final["decode"])
-        if composed_job.job_name not in DEPLOYMENT_JOBS:
-            problems.append(Problem("job", None, f"job={composed_job.job_name} works on one record, not a "
-                                    f"deployment; deploy=pd supports job={' and job='.join(DEPLOYMENT_JOBS)}",
-                                    "deploy"))
     if problems:
         raise ConfigError(problems)
     router = Router(settings.router_host, router_ports[0], router_ports[1], settings.router_policy,
                     tuple(settings.router_extra_args))
     dep = Deployment("pd", (Server("prefill", final["prefill"]), Server("decode", final["decode"])), router)
     return dep, composed_job.job_name, composed_job.job
+
+
+def _field_of(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def _mentions(problem: Problem, dropped: set) -> bool:
+    """Whether a stand-in's problem involves a setting that was dropped to build it."""
+    text = f"{problem.key} {problem.message}"
+    return any(re.search(rf"\b{re.escape(d.split('.')[0])}\.[\w.]*\b{re.escape(_field_of(d))}\b", text)
+               for d in dropped)
+
+
+def _stand_in(side: _Side, failed: List[Problem], env) -> Tuple[Optional[ServerArgs], set]:
+    """(record, dropped field names): the side composed without the settings its problems name, so
+    the cross-side and port checks can still run in the same pass; None when that fails too."""
+    from .record import FIELDS
+    names = {_field_of(p.key) for p in failed} & set(FIELDS)
+    if not names:
+        return None, set()
+    saved = side.cmd.settings
+    side.cmd.settings = [st for st in saved if st.name not in names]
+    try:
+        record, _composed, probs = _compose(side, [Setting("disaggregation_mode", side.role, _SOURCE)], env,
+                                            quiet=True)
+    finally:
+        side.cmd.settings = saved
+    return (record if not probs else None), names
 
 
 def _preset_mode(option: Optional[str]) -> Optional[str]:
@@ -724,7 +765,7 @@ def _lay_out_ports(records: Dict[str, ServerArgs], sides: Dict[str, _Side], sett
     the ports SGLang derives from them (attention DP's block at --port + 233, the gRPC mode's
     ports).  A top-level ``serving.port`` is the prefill server's port; decode then takes the
     first port whose whole block is free."""
-    pre, dec = records["prefill"], records["decode"]
+    pre = records["prefill"]
 
     def explicit_for(role: str):
         def is_explicit(name: str) -> Optional[str]:
@@ -736,9 +777,8 @@ def _lay_out_ports(records: Dict[str, ServerArgs], sides: Dict[str, _Side], sett
             return "top level" if name in sides[role].shared_names else None
         return is_explicit
 
-    claims = (_side_claims("prefill", pre, explicit_for("prefill"))
-              + _side_claims("decode", dec, explicit_for("decode"))
-              + _router_claims(settings, explicit_deploy))
+    claims = [c for role in SIDES for c in _side_claims(role, records[role], explicit_for(role))]
+    claims += _router_claims(settings, explicit_deploy)
     taken: List[_Claim] = []
     for c in claims:
         if not c.explicit:

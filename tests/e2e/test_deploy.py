@@ -63,6 +63,9 @@ def test_pd_configuration_errors_exit_2_with_every_problem(tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
     assert "prefill.memory.hicache_ratio (--hicache-ratio): 'x' is not a number" in r.stderr
+    # one run says everything it can: the clash and the disagreement come with the bad value
+    assert "decode.serving.port (--port): port 31000 is also prefill.serving.port (--port)" in r.stderr
+    assert "schedule.page_size (--page-size): prefill has 1 but decode has 64" in r.stderr
     r = run("deploy=pd", "prefill.serving.port=31000", "decode.serving.port=31000",
             "decode.schedule.page_size=64", "job=resolve", cwd=tmp_path)
     assert r.returncode == 2

@@ -318,3 +318,20 @@ def test_a_disagg_preset_cannot_choose_a_sides_mode(tmp_path):
     assert len(out) == 1 and out[0].startswith("decode.disagg:")
     dep, _, _ = deploy("deploy=pd", "prefill.disagg=prefill", "disagg=none")     # the same mode, or none: fine
     assert dep.server("prefill").record.disaggregation_mode == "prefill"
+
+
+def test_every_problem_of_a_deployment_is_reported_in_one_run():
+    out = problems("deploy=pd", "decode.schedule.page_size=16", "prefill.serving.port=31000",
+                   "decode.serving.port=31000")
+    assert len(out) == 2
+    assert out[0].startswith("decode.serving.port (--port): port 31000") and out[1].startswith("schedule.page_size")
+    out = problems("deploy=pd", "decode.schedule.page_size=16", "prefill.serving.port=31000",
+                   "decode.serving.port=31000", "decode.parallel.tp_size=x", "deploy.router_policy=bad", "job=plan")
+    keys = [p.split(" ")[0].rstrip(":") for p in out]
+    assert keys == ["deploy.router_policy", "decode.parallel.tp_size", "job", "decode.serving.port",
+                    "schedule.page_size"], out
+
+
+def test_a_setting_that_failed_raises_no_follow_up_problems():
+    out = problems("deploy=pd", "prefill.serving.port=30000", "decode.serving.port=abc", "decode.schedule.page_size=x")
+    assert sorted(p.split(" ")[0] for p in out) == ["decode.schedule.page_size", "decode.serving.port"], out
