@@ -844,8 +844,12 @@ def gpu_ids(record: ServerArgs) -> List[int]:
     return [record.base_gpu_id + i * step for i in range(gpus_per_node(record))]
 
 
-def _on_gpus(record: ServerArgs) -> bool:
-    return str(record.device or "cuda").lower() not in ("cpu",)
+def _on_gpus(record: ServerArgs, device_written: bool) -> bool:
+    """Whether a server's GPUs need laying out.  A device the user did not write was detected on the
+    machine that resolves the command (a login node without a GPU driver says ``cpu``); the servers
+    run on a GPU node, so they are laid out as GPU servers: an unused ``--base-gpu-id`` on a real CPU
+    run is harmless, while two sides on one GPU would fail at start."""
+    return str(record.device or "cuda").lower() != "cpu" or not device_written
 
 
 def _lay_out_gpus(records: Dict[str, ServerArgs], sides: Dict[str, _Side], problems: List[Problem]) -> Dict[str, int]:
@@ -854,9 +858,18 @@ def _lay_out_gpus(records: Dict[str, ServerArgs], sides: Dict[str, _Side], probl
     Prefill keeps its ``base_gpu_id`` (a top-level value is prefill's, like ``serving.port``);
     decode starts right after prefill's last GPU unless decode's value was written, in which case
     it is kept and must not share a GPU with prefill.  Servers on different hosts are left alone."""
+    import logging
+
     pre, dec = records["prefill"], records["decode"]
-    if not _hosts_overlap(pre.host, dec.host) or not (_on_gpus(pre) and _on_gpus(dec)):
+    written = {role: "device" in s.side_names or "device" in s.shared_names for role, s in sides.items()}
+    if not _hosts_overlap(pre.host, dec.host) or not (_on_gpus(pre, written["prefill"])
+                                                       and _on_gpus(dec, written["decode"])):
         return {}
+    detected = [role for role, rec in records.items() if str(rec.device).lower() == "cpu" and not written[role]]
+    if detected and "base_gpu_id" not in sides["decode"].side_names:
+        logging.getLogger("sglang_hydra.config").warning(
+            "deploy=pd: no GPU was found here (device detected as cpu), so decode is placed after prefill's GPUs "
+            "as on a GPU node; set device.device=cpu if both sides really run on the CPU")
     if "base_gpu_id" not in sides["decode"].side_names:
         return {"base_gpu_id": pre.base_gpu_id + gpus_per_node(pre) * max(1, pre.gpu_id_step)}
     shared = sorted(set(gpu_ids(pre)) & set(gpu_ids(dec)))

@@ -335,3 +335,16 @@ def test_every_problem_of_a_deployment_is_reported_in_one_run():
 def test_a_setting_that_failed_raises_no_follow_up_problems():
     out = problems("deploy=pd", "prefill.serving.port=30000", "decode.serving.port=abc", "decode.schedule.page_size=x")
     assert sorted(p.split(" ")[0] for p in out) == ["decode.schedule.page_size", "decode.serving.port"], out
+
+
+def test_gpus_are_laid_out_when_the_device_was_detected_not_written(caplog):
+    """A dry run on a machine without a GPU (the device detects as cpu) still gives decode its
+    own GPUs, and says why; a written device.device=cpu places nothing."""
+    import logging
+    with caplog.at_level(logging.WARNING, logger="sglang_hydra.config"):
+        dep, _, _ = deploy("deploy=pd", "prefill.parallel.tp_size=4")
+    assert gpu_bases(dep) == (0, 4)
+    if str(dep.server("decode").record.device) == "cpu":        # this machine has no GPU driver
+        assert any("no GPU was found here" in r.getMessage() for r in caplog.records)
+    dep, _, _ = deploy("deploy=pd", "device.device=cpu", "prefill.parallel.tp_size=4")
+    assert gpu_bases(dep) == (0, 0)
