@@ -44,6 +44,23 @@ class DeploySettings:
 
 
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
+# router flags the deployment writes itself (router_argv); in router_extra_args they would fight it
+_ROUTER_MANAGED = {
+    "--pd-disaggregation": "deploy=pd", "--prefill": "the prefill server's URL and bootstrap port",
+    "--decode": "the decode server's URL", "--host": "deploy.router_host", "--port": "deploy.router_port",
+    "--prometheus-host": "deploy.router_host", "--prometheus-port": "deploy.router_prometheus_port",
+    "--policy": "deploy.router_policy",
+}
+
+
+def _managed_router_flags(args: Sequence[Any]) -> List[str]:
+    """``router_extra_args`` entries that are flags the deployment sets itself, with what sets them."""
+    out = []
+    for a in args:
+        flag = str(a).partition("=")[0]
+        if flag in _ROUTER_MANAGED:
+            out.append(f"{flag} (set by {_ROUTER_MANAGED[flag]})")
+    return out
 
 
 @dataclass(frozen=True)
@@ -188,7 +205,16 @@ def _free_tokens(argv: Sequence[str]) -> set:
 
 
 def _deploy_token(req: DeployRequest, sep: str, rest: str, tok: str) -> None:
+    before = len(req.problems)
     value = _parse_value(rest, tok, req)
+    if len(req.problems) > before:         # unparsable: said once, not again as a missing value
+        return
+    from hydra.core.override_parser.types import Sweep
+    if isinstance(value, Sweep):
+        key = "deploy" if sep == "=" else f"deploy.{rest.partition('=')[0]}"
+        req.problems.append(Problem(key, None, f"{tok!r} sweeps over the deployment, which is not supported; "
+                                    f"run one deployment per command", f"override {tok}"))
+        return
     if sep == "=":
         req.option = str(value)
     else:
@@ -282,6 +308,10 @@ def _deploy_settings(req: DeployRequest, problems: List[Problem]) -> Tuple[Deplo
             err = f"{v!r} is not one of: {', '.join(ROUTER_POLICIES)}"
         if err is None and k in ("router_port", "router_prometheus_port") and not 0 < v < 65536:
             err = f"{v} is not a TCP port (1-65535)"
+        if err is None and k == "router_extra_args" and _managed_router_flags(v):
+            err = (f"{', '.join(_managed_router_flags(v))}: the deployment sets these router flags itself (and "
+                   f"waits for the router where it put it); change them through the deploy keys named, and "
+                   f"keep router_extra_args for other sglang_router flags")
         if err:
             problems.append(Problem(f"deploy.{k}", None, err, src))
             continue
@@ -421,11 +451,15 @@ def _merge_side_problems(per_side: Dict[str, List[Problem]], side_argv: Dict[str
                     out.append(p)
                 continue
             key = p.key if p.key.startswith(f"{role}.") else (f"{role}.{p.key}" if p.key else role)
+            message = p.message
+            if key != p.key and p.key:     # a suggestion for a side's key is a side key too
+                message = re.sub(r"did you mean '(?!" + role + r"\.)([a-z_]+\.[\w.]+)'", rf"did you mean '{role}.\1'",
+                                 message)
             source = p.source
             for tok in side_argv.get(role, ()):
                 if source in (f"override {tok}", "override") and p.key.lstrip("+") and tok.lstrip("+").startswith(p.key):
                     source = f"override {role}.{tok}"
-            out.append(Problem(key, p.flag, p.message, source))
+            out.append(Problem(key, p.flag, message, source))
     return out
 
 
@@ -442,7 +476,7 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
     first = sides[0]
     if first.hydra_flags or first.cmd.sweep or first.cmd.hydra_only:
         what = (first.hydra_flags or first.cmd.hydra_only or ["a sweep"])[0]
-        problems.append(Problem("", None, f"{what}: a deployment runs without Hydra's runtime (no -m sweeps, "
+        problems.append(Problem("deploy", None, f"{what}: a deployment runs without Hydra's runtime (no -m sweeps, "
                                 "Hydra flags or hydra.* settings); run one record at a time for those", "deploy"))
     if settings.name != "pd":
         record, composed, probs = _compose(first, (), env)

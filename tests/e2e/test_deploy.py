@@ -38,7 +38,7 @@ def test_pd_resolve_prints_both_records_and_the_router(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
         "prefill: --model-path tiny --tp-size 2 --disaggregation-mode prefill",   # record (reference) order
-        "decode: --model-path tiny --port 30001 --disaggregation-mode decode",
+        "decode: --model-path tiny --base-gpu-id 2 --port 30001 --disaggregation-mode decode",   # after prefill's 2 GPUs
         "router: --pd-disaggregation --prefill http://127.0.0.1:30000 8998 --decode http://127.0.0.1:30001 "
         "--host 127.0.0.1 --port 8000 --prometheus-host 127.0.0.1 --prometheus-port 29000",
     ]
@@ -53,7 +53,7 @@ def test_pd_from_a_config_file_with_side_sections(tmp_path):
     lines = r.stdout.splitlines()
     assert lines[0] == ("prefill: --model-path meta-llama/Llama-3.1-8B-Instruct --page-size 16 "
                         "--tp-size 2 --disaggregation-mode prefill")
-    assert lines[1].endswith("--page-size 16 --port 31000 --disaggregation-mode decode")
+    assert lines[1].endswith("--page-size 16 --base-gpu-id 2 --port 31000 --disaggregation-mode decode")
     assert "--decode http://127.0.0.1:31000" in lines[2]
 
 
@@ -158,3 +158,30 @@ def test_flag_values_that_look_like_deployment_keys_stay_values(tmp_path):
     r = run("--served-model-name", "deploy=x", "job=resolve", "job.format=argv", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "--model-path tiny --served-model-name deploy=x"
+
+
+def test_pd_records_show_settings_only(tmp_path):
+    for fmt in ("yaml", "json"):
+        r = run("deploy=pd", "job=resolve", f"job.format={fmt}", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        data = yaml.safe_load(r.stdout)           # JSON is YAML too
+        for role in ("prefill", "decode"):
+            assert not [k for k in data[role] if k.startswith("_")], fmt
+
+
+def test_pd_messages_name_what_to_change(tmp_path):
+    r = run("deploy=pd", "decode.parallel.tp_sise=2", "job=resolve", cwd=tmp_path)
+    assert r.returncode == 2 and "did you mean 'decode.parallel.tp_size'?" in r.stderr
+    r = run("deploy=pd,single", "job=resolve", cwd=tmp_path)
+    assert r.returncode == 2 and "ChoiceSweep" not in r.stderr
+    assert "deploy: 'deploy=pd,single' sweeps over the deployment, which is not supported" in r.stderr
+    r = run("deploy=pd", "-m", "schedule.page_size=16,32", "job=resolve", cwd=tmp_path)
+    assert r.returncode == 2 and "  - deploy: " in r.stderr and "  - config: " not in r.stderr
+
+
+def test_an_output_path_that_is_a_directory_is_a_config_error(tmp_path):
+    for argv in (("job=resolve",), ("deploy=pd", "job=resolve")):
+        r = run(*argv, f"job.output={tmp_path}", cwd=tmp_path)
+        assert r.returncode == 2, r.stderr
+        assert f"job.output: '{tmp_path}' is a directory" in r.stderr
+        assert "IsADirectoryError" not in r.stderr and r.stdout == ""
