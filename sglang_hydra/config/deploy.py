@@ -29,6 +29,7 @@ _SOURCE = "deploy=pd"
 # deploy=..., deploy.x=..., prefill.x=..., decode.x=... (with Hydra's +/++ prefixes)
 _TOKEN = re.compile(r"^(?P<plus>\+{0,2})(?P<head>deploy|prefill|decode)(?P<sep>[.=])(?P<rest>.*)$", re.S)
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+_HELP_FLAGS = ("--help", "-h", "--hydra-help")
 
 
 @dataclass
@@ -190,6 +191,9 @@ def deployment_request(argv: Sequence[str]) -> Optional[DeployRequest]:
                                         f"set its keys ({head}.<namespace>.<field>=...)", f"override {tok}"))
         else:
             req.side_argv[head].append(plus + rest)
+    if found and any(tok in _HELP_FLAGS for tok in req.shared_argv):
+        # --help always answers: the ordinary help, with the deployment keys set aside
+        return DeployRequest(option="single", shared_argv=req.shared_argv)
     if req.config_file and _load_file_sections(req):
         found = True
     return req if found else None
@@ -900,7 +904,7 @@ def _lay_out_gpus(records: Dict[str, ServerArgs], sides: Dict[str, _Side], probl
                                                        and _on_gpus(dec, written["decode"])):
         return {}
     detected = [role for role, rec in records.items() if str(rec.device).lower() == "cpu" and not written[role]]
-    if detected and "base_gpu_id" not in sides["decode"].side_names:
+    if detected and "base_gpu_id" not in sides["decode"].side_names and not problems:
         logging.getLogger("sglang_hydra.config").warning(
             "deploy=pd: no GPU was found here (device detected as cpu), so decode is placed after prefill's GPUs "
             "as on a GPU node; set device.device=cpu if both sides really run on the CPU")

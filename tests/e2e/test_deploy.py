@@ -185,3 +185,9 @@ def test_an_output_path_that_is_a_directory_is_a_config_error(tmp_path):
         assert r.returncode == 2, r.stderr
         assert f"job.output: '{tmp_path}' is a directory" in r.stderr
         assert "IsADirectoryError" not in r.stderr and r.stdout == ""
+
+
+def test_help_answers_with_a_deployment_on_the_line(tmp_path):
+    r = run("deploy=pd", "decode.parallel.tp_size=2", "job=launch", "--help", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "== Config groups ==" in r.stdout and "Hydra's runtime" not in r.stderr
