@@ -81,10 +81,6 @@ def _output_problems(output) -> list:
     if path.is_dir():
         return [Problem("job.output", None, f"{str(output)!r} is a directory; give a file path, e.g. "
                         f"job.output={path / 'record.yaml'}")]
-    parent = next((q for q in path.parents if q.exists()), None)
-    if parent is not None and not parent.is_dir():
-        return [Problem("job.output", None, f"{str(output)!r} is under {str(parent)!r}, which is a file, not a "
-                        f"directory")]
     return []
 
 
