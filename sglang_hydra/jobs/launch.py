@@ -135,6 +135,8 @@ def _parse_label(label: str) -> Tuple[str, Optional[str], str]:
 def _host_key(port_key: str) -> Tuple[str, Optional[str]]:
     """The host setting that goes with a port key: ``decode.serving.host (--host)``, ``deploy.router_host``."""
     from ..config.errors import problem_for
+    if port_key.endswith("dist_init_addr"):       # that setting names its host itself
+        return port_key, problem_for("dist_init_addr", "").flag
     if port_key.startswith("deploy."):
         return "deploy.router_host", None
     p = problem_for("host", "")

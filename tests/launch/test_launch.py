@@ -199,3 +199,10 @@ def _bindable(host: str) -> bool:
             return True
         except OSError:
             return False
+
+
+def test_a_foreign_address_is_blamed_on_the_setting_that_names_it():
+    from sglang_hydra.jobs.launch import _host_key
+    assert _host_key("decode.serving.port") == ("decode.serving.host", "--host")
+    assert _host_key("deploy.router_prometheus_port") == ("deploy.router_host", None)
+    assert _host_key("prefill.parallel.dist_init_addr") == ("prefill.parallel.dist_init_addr", "--dist-init-addr")
