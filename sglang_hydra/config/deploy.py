@@ -29,6 +29,7 @@ _SOURCE = "deploy=pd"
 # deploy=..., deploy.x=..., prefill.x=..., decode.x=... (with Hydra's +/++ prefixes)
 _TOKEN = re.compile(r"^(?P<plus>\+{0,2})(?P<head>deploy|prefill|decode)(?P<sep>[.=])(?P<rest>.*)$", re.S)
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+_HELP_FLAGS = ("--help", "-h", "--hydra-help")
 
 
 @dataclass
@@ -44,6 +45,23 @@ class DeploySettings:
 
 
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
+# router flags the deployment writes itself (router_argv); in router_extra_args they would fight it
+_ROUTER_MANAGED = {
+    "--pd-disaggregation": "deploy=pd", "--prefill": "the prefill server's URL and bootstrap port",
+    "--decode": "the decode server's URL", "--host": "deploy.router_host", "--port": "deploy.router_port",
+    "--prometheus-host": "deploy.router_host", "--prometheus-port": "deploy.router_prometheus_port",
+    "--policy": "deploy.router_policy",
+}
+
+
+def _managed_router_flags(args: Sequence[Any]) -> List[str]:
+    """``router_extra_args`` entries that are flags the deployment sets itself, with what sets them."""
+    out = []
+    for a in args:
+        flag = str(a).partition("=")[0]
+        if flag in _ROUTER_MANAGED:
+            out.append(f"{flag} (set by {_ROUTER_MANAGED[flag]})")
+    return out
 
 
 @dataclass(frozen=True)
@@ -148,9 +166,10 @@ def deployment_request(argv: Sequence[str]) -> Optional[DeployRequest]:
     req = DeployRequest()
     found = False
     argv = list(argv)
+    free = _free_tokens(argv)
     i = 0
     while i < len(argv):
-        tok = argv[i]
+        pos, tok = i, argv[i]
         i += 1
         if tok == "--config" or tok.startswith("--config="):
             path = tok.partition("=")[2] if "=" in tok else (argv[i] if i < len(argv) else None)
@@ -159,7 +178,7 @@ def deployment_request(argv: Sequence[str]) -> Optional[DeployRequest]:
             req.config_file = path
             req.shared_argv += [tok] if "=" in tok else [tok] + ([path] if path is not None else [])
             continue
-        m = _TOKEN.match(tok)
+        m = _TOKEN.match(tok) if pos in free else None
         if not m:
             req.shared_argv.append(tok)
             continue
@@ -172,13 +191,34 @@ def deployment_request(argv: Sequence[str]) -> Optional[DeployRequest]:
                                         f"set its keys ({head}.<namespace>.<field>=...)", f"override {tok}"))
         else:
             req.side_argv[head].append(plus + rest)
+    if found and any(tok in _HELP_FLAGS for tok in req.shared_argv):
+        # --help always answers: the ordinary help, with the deployment keys set aside
+        return DeployRequest(option="single", shared_argv=req.shared_argv)
     if req.config_file and _load_file_sections(req):
         found = True
     return req if found else None
 
 
+def _free_tokens(argv: Sequence[str]) -> set:
+    """Positions of the tokens that stand for themselves: not a legacy flag's value (so
+    ``--chat-template decode.jinja`` or ``--served-model-name deploy=x`` are values, not keys)."""
+    if not any(_TOKEN.match(tok) for tok in argv):
+        return set()
+    from .legacy import split_argv
+    return {pos for pos, _text in split_argv(argv).overrides}
+
+
 def _deploy_token(req: DeployRequest, sep: str, rest: str, tok: str) -> None:
+    before = len(req.problems)
     value = _parse_value(rest, tok, req)
+    if len(req.problems) > before:         # unparsable: said once, not again as a missing value
+        return
+    from hydra.core.override_parser.types import Sweep
+    if isinstance(value, Sweep):
+        key = "deploy" if sep == "=" else f"deploy.{rest.partition('=')[0]}"
+        req.problems.append(Problem(key, None, f"{tok!r} sweeps over the deployment, which is not supported; "
+                                    f"run one deployment per command", f"override {tok}"))
+        return
     if sep == "=":
         req.option = str(value)
     else:
@@ -272,6 +312,10 @@ def _deploy_settings(req: DeployRequest, problems: List[Problem]) -> Tuple[Deplo
             err = f"{v!r} is not one of: {', '.join(ROUTER_POLICIES)}"
         if err is None and k in ("router_port", "router_prometheus_port") and not 0 < v < 65536:
             err = f"{v} is not a TCP port (1-65535)"
+        if err is None and k == "router_extra_args" and _managed_router_flags(v):
+            err = (f"{', '.join(_managed_router_flags(v))}: the deployment sets these router flags itself (and "
+                   f"waits for the router where it put it); change them through the deploy keys named, and "
+                   f"keep router_extra_args for other sglang_router flags")
         if err:
             problems.append(Problem(f"deploy.{k}", None, err, src))
             continue
@@ -299,6 +343,8 @@ class _Side:
     side_settings: List[Setting]   # what only this side says
     shared_settings: List[Setting] # what the top level says
     hydra_flags: List[str]
+    side_choices: Dict[str, str] = field(default_factory=dict)     # presets only this side selects
+    shared_choices: Dict[str, str] = field(default_factory=dict)   # presets the top level selects
 
     @property
     def side_names(self) -> set:
@@ -338,7 +384,8 @@ def _side_command(req: DeployRequest, role: Optional[str]) -> _Side:
         cmd.problems.append(Problem(f"{role}.job", None, "the job applies to the whole deployment; set job=... "
                                     "at top level", "deploy"))
     return _Side(role or "server", cmd, file_side.settings + cli_side.settings,
-                 file_shared.settings + shared.settings, hydra_flags)
+                 file_shared.settings + shared.settings, hydra_flags,
+                 {**file_side.choices, **cli_side.choices}, {**file_shared.choices, **shared.choices})
 
 
 def _without_config(argv: Sequence[str]) -> List[str]:
@@ -408,11 +455,15 @@ def _merge_side_problems(per_side: Dict[str, List[Problem]], side_argv: Dict[str
                     out.append(p)
                 continue
             key = p.key if p.key.startswith(f"{role}.") else (f"{role}.{p.key}" if p.key else role)
+            message = p.message
+            if key != p.key and p.key:     # a suggestion for a side's key is a side key too
+                message = re.sub(r"did you mean '(?!" + role + r"\.)([a-z_]+\.[\w.]+)'", rf"did you mean '{role}.\1'",
+                                 message)
             source = p.source
             for tok in side_argv.get(role, ()):
                 if source in (f"override {tok}", "override") and p.key.lstrip("+") and tok.lstrip("+").startswith(p.key):
                     source = f"override {role}.{tok}"
-            out.append(Problem(key, p.flag, p.message, source))
+            out.append(Problem(key, p.flag, message, source))
     return out
 
 
@@ -429,7 +480,7 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
     first = sides[0]
     if first.hydra_flags or first.cmd.sweep or first.cmd.hydra_only:
         what = (first.hydra_flags or first.cmd.hydra_only or ["a sweep"])[0]
-        problems.append(Problem("", None, f"{what}: a deployment runs without Hydra's runtime (no -m sweeps, "
+        problems.append(Problem("deploy", None, f"{what}: a deployment runs without Hydra's runtime (no -m sweeps, "
                                 "Hydra flags or hydra.* settings); run one record at a time for those", "deploy"))
     if settings.name != "pd":
         record, composed, probs = _compose(first, (), env)
@@ -444,25 +495,52 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
                              f"drop {st.value!r}", st.source)
                  for st in first.shared_settings
                  if st.name == "disaggregation_mode" and st.value not in (None, "null")]
+    shared_mode = _preset_mode(first.shared_choices.get("disagg"))
+    if shared_mode:
+        problems.append(Problem("disagg", None, f"disagg={first.shared_choices['disagg']} sets disaggregation_mode="
+                                f"{shared_mode}, but deploy=pd sets each side's mode itself (prefill, decode); "
+                                f"drop the disagg selection", "deploy"))
     per_side = {}
     for s in sides:
         per_side[s.role] = [problem_for("disaggregation_mode", f"is {s.role} on this side (set by deploy=pd); "
                                         f"drop {st.value!r}", st.source)
                             for st in s.side_settings
                             if st.name == "disaggregation_mode" and str(st.value) != s.role]
+        side_mode = _preset_mode(s.side_choices.get("disagg"))
+        if side_mode and side_mode != s.role:
+            per_side[s.role].append(Problem(f"{s.role}.disagg", None, f"disagg={s.side_choices['disagg']} sets "
+                                            f"disaggregation_mode={side_mode}, but this side is {s.role} (set by "
+                                            f"deploy=pd); drop the selection", "deploy"))
     first_pass = {s.role: _compose(s, [Setting("disaggregation_mode", s.role, _SOURCE)], env, quiet=True)
                   for s in sides}
     for s in sides:
         per_side[s.role] += first_pass[s.role][2]
     problems += _merge_side_problems(per_side, req.side_argv)
-    if problems:
-        raise ConfigError(_dedupe(problems))
+    # every check that can run on what composed goes on, so one run reports all it can
+    job_name = str(first.cmd.choices.get("job"))
+    from .presets import group_options
+    if job_name not in DEPLOYMENT_JOBS and job_name in group_options("job"):
+        problems.append(Problem("job", None, f"job={job_name} works on one record, not a deployment; deploy=pd "
+                                f"supports job={' and job='.join(DEPLOYMENT_JOBS)}", "deploy"))
     records = {role: rec for role, (rec, _c, _p) in first_pass.items()}
     by_role = {s.role: s for s in sides}
-    assigned, router_ports = _lay_out_ports(records, by_role, settings, explicit_deploy, problems)
-    assigned["decode"].update(_lay_out_gpus(records, by_role, problems))
+    if all(records.values()):
+        assigned, router_ports = _lay_out_ports(records, by_role, settings, explicit_deploy, problems)
+        assigned["decode"].update(_lay_out_gpus(records, by_role, problems))
+        problems += cross_side_problems(records["prefill"], records["decode"])
+    else:       # a side failed: check the rest on a stand-in without the settings that failed
+        stand_in, dropped = {}, set()
+        for s in sides:
+            stand_in[s.role], gone = (records[s.role], set()) if records[s.role] else _stand_in(s, first_pass[s.role][2], env)
+            dropped |= {f"{s.role}.{name}" for name in gone}
+        if all(stand_in.values()):
+            port_problems: List[Problem] = []
+            _lay_out_ports(stand_in, by_role, settings, explicit_deploy, port_problems)
+            problems += [p for p in port_problems if not _mentions(p, dropped)]
+            problems += [p for p in cross_side_problems(stand_in["prefill"], stand_in["decode"])
+                         if not any(d.endswith("." + _field_of(p.key)) for d in dropped)]
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(_dedupe(problems))
 
     # pass 2: the same commands with the ports laid out
     final: Dict[str, ServerArgs] = {}
@@ -477,16 +555,50 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
             composed_job = composed_job or composed
     if not problems:
         problems += cross_side_problems(final["prefill"], final["decode"])
-        if composed_job.job_name not in DEPLOYMENT_JOBS:
-            problems.append(Problem("job", None, f"job={composed_job.job_name} works on one record, not a "
-                                    f"deployment; deploy=pd supports job={' and job='.join(DEPLOYMENT_JOBS)}",
-                                    "deploy"))
     if problems:
         raise ConfigError(problems)
     router = Router(settings.router_host, router_ports[0], router_ports[1], settings.router_policy,
                     tuple(settings.router_extra_args))
     dep = Deployment("pd", (Server("prefill", final["prefill"]), Server("decode", final["decode"])), router)
     return dep, composed_job.job_name, composed_job.job
+
+
+def _field_of(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def _mentions(problem: Problem, dropped: set) -> bool:
+    """Whether a stand-in's problem involves a setting that was dropped to build it."""
+    text = f"{problem.key} {problem.message}"
+    return any(re.search(rf"\b{re.escape(d.split('.')[0])}\.[\w.]*\b{re.escape(_field_of(d))}\b", text)
+               for d in dropped)
+
+
+def _stand_in(side: _Side, failed: List[Problem], env) -> Tuple[Optional[ServerArgs], set]:
+    """(record, dropped field names): the side composed without the settings its problems name, so
+    the cross-side and port checks can still run in the same pass; None when that fails too."""
+    from .record import FIELDS
+    names = {_field_of(p.key) for p in failed} & set(FIELDS)
+    if not names:
+        return None, set()
+    saved = side.cmd.settings
+    side.cmd.settings = [st for st in saved if st.name not in names]
+    try:
+        record, _composed, probs = _compose(side, [Setting("disaggregation_mode", side.role, _SOURCE)], env,
+                                            quiet=True)
+    finally:
+        side.cmd.settings = saved
+    return (record if not probs else None), names
+
+
+def _preset_mode(option: Optional[str]) -> Optional[str]:
+    """The disaggregation mode a ``disagg`` preset selects (None for none, or no such preset)."""
+    if not option:
+        return None
+    from .presets import preset
+    data, _ = preset("disagg", str(option))
+    mode = ((data or {}).get("disagg") or {}).get("disaggregation_mode")
+    return None if mode in (None, "null") else str(mode)
 
 
 def _dedupe(problems: List[Problem]) -> List[Problem]:
@@ -499,13 +611,41 @@ def _dedupe(problems: List[Problem]) -> List[Problem]:
 
 
 # --------------------------------------------------------------------------- ports
+# SGLang 0.5.23 (server_args.PortArgs.init_new): with attention data parallelism on one node and no
+# --dist-init-addr, a server binds --port + 233 for torch.distributed's rendezvous and the six ZMQ
+# ports after it (+234..+239); past 65535 the block is taken below --port instead.
+ZMQ_TCP_PORT_DELTA = 233
+_ZMQ_PORTS = 6
+_GRPC_PORT_DELTA = 10000          # legacy SMG gRPC mode without --grpc-port
+_LOOPBACK = "127.0.0.1"
+
+
 @dataclass
 class _Claim:
-    label: str            # what to change, e.g. "decode.serving.port (--port)"
+    """Ports one setting makes a server bind: ``base`` and the ports SGLang derives from it.
+
+    ``explicit`` claims keep their value (two clashing is an error); the others start at their
+    default and move up until none of their ports is taken on the same host."""
+
+    key: str                        # what to change, e.g. "decode.serving.port"
+    flag: Optional[str]             # its legacy flag, e.g. "--port"
     host: str
-    port: int
+    base: int
     explicit: bool
-    default: int
+    derive: Any = None              # base -> [(port, what it is)]; None: just the base port
+    assign: Optional[Tuple[str, str]] = None    # (role, field) that receives the laid-out value
+    top_level: bool = False         # written once at top level, so both sides have it
+    host_for: Any = None            # port -> the host that port is bound on (None: ``host``)
+
+    @property
+    def label(self) -> str:
+        return f"{self.key} ({self.flag})" if self.flag else self.key
+
+    def ports(self, base: Optional[int] = None) -> List[Tuple[int, str, str]]:
+        """(port, host, what it is) for every port bound when the setting is ``base``."""
+        base = self.base if base is None else base
+        pairs = self.derive(base) if self.derive else [(base, "")]
+        return [(port, (self.host_for(what) if self.host_for else self.host), what) for port, what in pairs]
 
 
 def _hosts_overlap(a: str, b: str) -> bool:
@@ -514,60 +654,214 @@ def _hosts_overlap(a: str, b: str) -> bool:
     return a == b or a in _WILDCARD_HOSTS or b in _WILDCARD_HOSTS
 
 
+def _machine_loopback(host: str) -> str:
+    """The host a server's internal sockets (ZMQ, NCCL rendezvous) bind on: loopback on a local
+    (loopback or wildcard) server, else the server's own address, which stands for its machine."""
+    host = (host or "").strip()
+    if host in _WILDCARD_HOSTS or host == "localhost" or host.startswith("127."):
+        return _LOOPBACK
+    return host
+
+
 def _label(role: Optional[str], name: str) -> str:
     """``decode.serving.port (--port)``: the key to change (with its side) and its flag."""
+    key, flag = _key_flag(role, name)
+    return key + (f" ({flag})" if flag else "")
+
+
+def _key_flag(role: Optional[str], name: str) -> Tuple[str, Optional[str]]:
     p = problem_for(name, "")
-    return (f"{role}.{p.key}" if role else p.key) + (f" ({p.flag})" if p.flag else "")
+    return (f"{role}.{p.key}" if role else p.key), p.flag
+
+
+def attn_dp_ports(port: int, scale_joiner: bool = False) -> List[int]:
+    """The dist-init port and the ZMQ ports SGLang derives from ``port`` under attention DP."""
+    if scale_joiner:            # an elastic-EP joiner binds no rendezvous; its ZMQ block starts at +233
+        base = port + ZMQ_TCP_PORT_DELTA
+        if base + _ZMQ_PORTS > 65535:
+            base = port - ZMQ_TCP_PORT_DELTA
+        return list(range(base, base + _ZMQ_PORTS))
+    dist = port + ZMQ_TCP_PORT_DELTA
+    if dist > 65535:
+        dist = port - ZMQ_TCP_PORT_DELTA
+    base = dist - _ZMQ_PORTS - 1 if dist + _ZMQ_PORTS > 65535 else dist + 1
+    return [dist] + list(range(base, base + _ZMQ_PORTS))
+
+
+def _attn_dp(record: ServerArgs) -> bool:
+    return record.attn_dp_size > 1 or record.ep_join_mode == "scale"
+
+
+def _legacy_grpc(record: ServerArgs) -> bool:
+    return bool(record.smg_grpc_mode or record.grpc_mode)
+
+
+def _dist_init_port(record: ServerArgs) -> Optional[Tuple[str, int]]:
+    """(host, port) of an explicit --dist-init-addr, None when unset or unreadable."""
+    addr = str(record.dist_init_addr or "").strip()
+    host, _, port = addr.rpartition(":")
+    try:
+        return host.strip("[]") or _LOOPBACK, int(port)
+    except ValueError:
+        return None
+
+
+def _server_port_claim(role: Optional[str], record: ServerArgs, explicit: bool) -> _Claim:
+    """A server's --port and every port SGLang derives from it."""
+    attn_dp = _attn_dp(record) and record.nnodes == 1 and not record.dist_init_addr
+    joiner = record.ep_join_mode == "scale"
+    grpc_from_port = _legacy_grpc(record) and record.grpc_port is None
+    sidecar_from_port = _legacy_grpc(record) and record.smg_http_sidecar_port is None
+
+    def derive(port: int) -> List[Tuple[int, str]]:
+        out = [(port, "")]
+        if sidecar_from_port:
+            out.append((port + 1, "the gRPC mode's HTTP sidecar port (--port + 1)"))
+        if attn_dp:
+            ports = attn_dp_ports(port, joiner)
+            if not joiner:
+                out.append((ports.pop(0), f"attention DP's dist-init port (--port + {ZMQ_TCP_PORT_DELTA})"))
+            out += [(q, "one of attention DP's ZMQ ports") for q in ports]
+        if grpc_from_port:
+            out.append((port + _GRPC_PORT_DELTA, f"the gRPC mode's port (--port + {_GRPC_PORT_DELTA})"))
+        return out
+
+    key, flag = _key_flag(role, "port")
+    return _Claim(key, flag, record.host, record.port, explicit, derive, (role or "server", "port"),
+                  host_for=lambda what: _machine_loopback(record.host) if "attention DP" in what else record.host)
+
+
+def _side_claims(role: Optional[str], record: ServerArgs, is_explicit) -> List[_Claim]:
+    """Every listening socket of one server, in layout order (its --port first)."""
+    def claim(name: str, host: Optional[str] = None, *, as_given: bool = False) -> _Claim:
+        """``as_given``: a port that is bound only when written, so it is kept as written."""
+        key, flag = _key_flag(role, name)
+        return _Claim(key, flag, record.host if host is None else host, getattr(record, name),
+                      as_given or bool(is_explicit(name)), assign=None if as_given else (role or "server", name),
+                      top_level=is_explicit(name) == "top level")
+
+    out = [_server_port_claim(role, record, bool(is_explicit("port")))]
+    if record.disaggregation_mode == "prefill":
+        out.append(claim("disaggregation_bootstrap_port"))
+    if record.nccl_port is not None:
+        out.append(claim("nccl_port", _machine_loopback(record.host), as_given=True))
+    if record.grpc_port is not None:
+        out.append(claim("grpc_port", as_given=True))
+    if _legacy_grpc(record) and record.smg_http_sidecar_port is not None:
+        out.append(claim("smg_http_sidecar_port", as_given=True))
+    if record.remote_instance_weight_loader_start_seed_via_transfer_engine and record.node_rank == 0:
+        out.append(claim("engine_info_bootstrap_port"))
+    if record.language_only:
+        out.append(claim("encoder_bootstrap_port"))
+    dist = _dist_init_port(record) if _attn_dp(record) and record.dist_init_addr else None
+    if dist is not None and record.node_rank == 0:
+        host, port = dist
+        key, flag = _key_flag(role, "dist_init_addr")
+        out.append(_Claim(key, flag, host, port, True,
+                          lambda p: [(p, "")] + [(q, "one of attention DP's ZMQ ports") for q in attn_dp_ports(p)[1:]],
+                          top_level=is_explicit("dist_init_addr") == "top level"))
+    return out
+
+
+def _router_claims(settings: DeploySettings, explicit_deploy: set) -> List[_Claim]:
+    return [_Claim(f"deploy.{name}", None, settings.router_host, getattr(settings, name), name in explicit_deploy,
+                   assign=("router", name))
+            for name in ("router_port", "router_prometheus_port")]
+
+
+def _clash_message(c: _Claim, port: int, what: str, t: _Claim, t_what: str, t_host: str) -> str:
+    mine = f"port {port}" + (f" ({what} of {c.flag or c.key} {c.base})" if what else "")
+    theirs = t.label + (f" ({t_what} of {t.base})" if t_what else "")
+    same_field = c.key.partition(".")[2] == t.key.partition(".")[2] and c.key != t.key
+    if same_field and c.top_level and t.top_level and not what and not t_what:   # one value, copied to both
+        field_key = c.key.partition(".")[2]
+        fix = (f"a top-level {field_key} is copied to both sides: set prefill.{field_key} and "
+               f"decode.{field_key} to different {'host:port addresses' if field_key.endswith('addr') else 'ports'}")
+    else:
+        fix = "change one of them, or leave one unset to have it assigned"
+    return (f"{mine} is also {theirs} on {t_host}; every server, the bootstrap server, the router and the "
+            f"ports SGLang derives from them need their own port ({fix})")
+
+
+def _first_clash(c: _Claim, base: int, taken: List[_Claim]):
+    for port, host, what in c.ports(base):
+        if not 0 < port < 65536:
+            return port, what, None, "", host
+        for t in taken:
+            for t_port, t_host, t_what in t.ports():
+                if t_port == port and _hosts_overlap(t_host, host):
+                    return port, what, t, t_what, t_host
+    return None
 
 
 def _lay_out_ports(records: Dict[str, ServerArgs], sides: Dict[str, _Side], settings: DeploySettings,
                    explicit_deploy: set, problems: List[Problem]) -> Tuple[Dict[str, Dict[str, int]], Tuple[int, int]]:
     """Give every listening socket of the deployment its own port.
 
-    Ports the user wrote are kept (two of them clashing is an error); the others start from their
-    defaults and move up past anything taken on the same host.  A top-level ``serving.port`` is the
-    prefill server's port; decode then takes the next free one."""
-    pre, dec = records["prefill"], records["decode"]
+    Ports the user wrote are kept (two of them clashing is an error naming both); the others
+    start from their defaults and move up past anything taken on the same host, together with
+    the ports SGLang derives from them (attention DP's block at --port + 233, the gRPC mode's
+    ports).  A top-level ``serving.port`` is the prefill server's port; decode then takes the
+    first port whose whole block is free."""
+    pre = records["prefill"]
 
-    def side_explicit(role: str, name: str) -> bool:
-        return name in sides[role].side_names
+    def explicit_for(role: str):
+        def is_explicit(name: str) -> Optional[str]:
+            """Where ``name`` was written for this side: "side", "top level" or None (not written)."""
+            if name in sides[role].side_names:
+                return "side"
+            if role == "decode" and name == "port":      # a shared --port is prefill's
+                return None
+            return "top level" if name in sides[role].shared_names else None
+        return is_explicit
 
-    claims = [
-        _Claim(_label("prefill", "port"), pre.host, pre.port,
-               side_explicit("prefill", "port") or "port" in sides["prefill"].shared_names, pre.port),
-        _Claim(_label("prefill", "disaggregation_bootstrap_port"), pre.host, pre.disaggregation_bootstrap_port,
-               side_explicit("prefill", "disaggregation_bootstrap_port")
-               or "disaggregation_bootstrap_port" in sides["prefill"].shared_names, pre.disaggregation_bootstrap_port),
-        _Claim(_label("decode", "port"), dec.host, dec.port, side_explicit("decode", "port"), pre.port + 1),
-        _Claim("deploy.router_port", settings.router_host, settings.router_port,
-               "router_port" in explicit_deploy, settings.router_port),
-        _Claim("deploy.router_prometheus_port", settings.router_host, settings.router_prometheus_port,
-               "router_prometheus_port" in explicit_deploy, settings.router_prometheus_port),
-    ]
+    claims = [c for role in SIDES for c in _side_claims(role, records[role], explicit_for(role))]
+    claims += _router_claims(settings, explicit_deploy)
     taken: List[_Claim] = []
     for c in claims:
         if not c.explicit:
             continue
-        for t in taken:
-            if t.port == c.port and _hosts_overlap(t.host, c.host):
-                problems.append(Problem(c.label.split(" ")[0], None, f"port {c.port} is also {t.label} on "
-                                        f"{t.host}; every server, the bootstrap server and the router need their "
-                                        f"own port (change one of them, or leave one unset to have it assigned)",
-                                        _SOURCE))
+        clash = _first_clash(c, c.base, taken)
+        if clash and clash[2] is None:
+            problems.append(Problem(c.key, c.flag, f"{c.base} puts {clash[1] or 'a port'} at {clash[0]}, which is "
+                                    f"not a TCP port (1-65535)", _SOURCE))
+        elif clash:
+            port, what, t, t_what, t_host = clash
+            problems.append(Problem(c.key, c.flag, _clash_message(c, port, what, t, t_what, t_host), _SOURCE))
         taken.append(c)
+    assigned: Dict[str, Dict[str, int]] = {"prefill": {}, "decode": {}, "router": {}}
     for c in claims:
         if c.explicit:
             continue
-        port = c.default
-        while any(t.port == port and _hosts_overlap(t.host, c.host) for t in taken) and port < 65535:
-            port += 1
-        c.port = port
+        base = c.base
+        if c.assign == ("decode", "port"):      # decode's --port starts right after prefill's
+            base = assigned["prefill"].get("port", pre.port) + 1
+        while _first_clash(c, base, taken) and base < 65535:
+            base += 1
+        c.base = base
         taken.append(c)
-    assigned = {
-        "prefill": {"port": claims[0].port, "disaggregation_bootstrap_port": claims[1].port},
-        "decode": {"port": claims[2].port},
-    }
-    return assigned, (claims[3].port, claims[4].port)
+        role, name = c.assign
+        assigned[role][name] = base
+    for c in claims:
+        if c.explicit and c.assign and c.assign[0] in ("prefill", "decode"):
+            assigned[c.assign[0]].setdefault(c.assign[1], c.base)
+    router = assigned.pop("router")
+    return assigned, (router.get("router_port", settings.router_port),
+                      router.get("router_prometheus_port", settings.router_prometheus_port))
+
+
+def listening_ports(dep: Deployment) -> List[Tuple[str, str, int]]:
+    """(what to change, host, port) for every socket the deployment binds, for the launch's port check."""
+    out = []
+    for s in dep.servers:
+        role = s.role if dep.name == "pd" else None
+        for c in _side_claims(role, s.record, lambda name: True):
+            for port, host, what in c.ports():
+                out.append((c.label + (f" [{what}]" if what else ""), host, port))
+    if dep.router:
+        out.append(("deploy.router_port", dep.router.host, dep.router.port))
+        out.append(("deploy.router_prometheus_port", dep.router.host, dep.router.prometheus_port))
+    return out
 
 
 # --------------------------------------------------------------------------- GPUs
@@ -588,8 +882,12 @@ def gpu_ids(record: ServerArgs) -> List[int]:
     return [record.base_gpu_id + i * step for i in range(gpus_per_node(record))]
 
 
-def _on_gpus(record: ServerArgs) -> bool:
-    return str(record.device or "cuda").lower() not in ("cpu",)
+def _on_gpus(record: ServerArgs, device_written: bool) -> bool:
+    """Whether a server's GPUs need laying out.  A device the user did not write was detected on the
+    machine that resolves the command (a login node without a GPU driver says ``cpu``); the servers
+    run on a GPU node, so they are laid out as GPU servers: an unused ``--base-gpu-id`` on a real CPU
+    run is harmless, while two sides on one GPU would fail at start."""
+    return str(record.device or "cuda").lower() != "cpu" or not device_written
 
 
 def _lay_out_gpus(records: Dict[str, ServerArgs], sides: Dict[str, _Side], problems: List[Problem]) -> Dict[str, int]:
@@ -598,9 +896,18 @@ def _lay_out_gpus(records: Dict[str, ServerArgs], sides: Dict[str, _Side], probl
     Prefill keeps its ``base_gpu_id`` (a top-level value is prefill's, like ``serving.port``);
     decode starts right after prefill's last GPU unless decode's value was written, in which case
     it is kept and must not share a GPU with prefill.  Servers on different hosts are left alone."""
+    import logging
+
     pre, dec = records["prefill"], records["decode"]
-    if not _hosts_overlap(pre.host, dec.host) or not (_on_gpus(pre) and _on_gpus(dec)):
+    written = {role: "device" in s.side_names or "device" in s.shared_names for role, s in sides.items()}
+    if not _hosts_overlap(pre.host, dec.host) or not (_on_gpus(pre, written["prefill"])
+                                                       and _on_gpus(dec, written["decode"])):
         return {}
+    detected = [role for role, rec in records.items() if str(rec.device).lower() == "cpu" and not written[role]]
+    if detected and "base_gpu_id" not in sides["decode"].side_names and not problems:
+        logging.getLogger("sglang_hydra.config").warning(
+            "deploy=pd: no GPU was found here (device detected as cpu), so decode is placed after prefill's GPUs "
+            "as on a GPU node; set device.device=cpu if both sides really run on the CPU")
     if "base_gpu_id" not in sides["decode"].side_names:
         return {"base_gpu_id": pre.base_gpu_id + gpus_per_node(pre) * max(1, pre.gpu_id_step)}
     shared = sorted(set(gpu_ids(pre)) & set(gpu_ids(dec)))
@@ -613,21 +920,6 @@ def _lay_out_gpus(records: Dict[str, ServerArgs], sides: Dict[str, _Side], probl
             f"them, leave decode's unset to have it placed after prefill, or run the sides on different hosts "
             f"with prefill.serving.host / decode.serving.host)", _SOURCE))
     return {}
-
-
-def listening_ports(dep: Deployment) -> List[Tuple[str, str, int]]:
-    """(what to change, host, port) for every socket the deployment binds, for the launch's port check."""
-    out = []
-    for s in dep.servers:
-        role = s.role if dep.name == "pd" else None
-        out.append((_label(role, "port"), s.record.host, s.record.port))
-        if s.role == "prefill":
-            out.append((_label(role, "disaggregation_bootstrap_port"), s.record.host,
-                        s.record.disaggregation_bootstrap_port))
-    if dep.router:
-        out.append(("deploy.router_port", dep.router.host, dep.router.port))
-        out.append(("deploy.router_prometheus_port", dep.router.host, dep.router.prometheus_port))
-    return out
 
 
 # --------------------------------------------------------------------------- cross-side checks

@@ -58,8 +58,24 @@ def plan_children(dep: Deployment, job: dict) -> List[ChildPlan]:
     return out
 
 
+def _timeout_problems(job: dict) -> List[Problem]:
+    out = []
+    for key, default in (("health_timeout", 1800.0), ("stop_timeout", 30.0)):
+        value = job.get(key, default)
+        try:
+            ok = float(value) > 0 and float(value) != float("inf")
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            out.append(Problem(f"job.{key}", None, f"{value!r} is not a positive, finite number of seconds", "launch"))
+    return out
+
+
 def run(record, job: dict, ctx: JobContext) -> int:
     dep = as_deployment(record)
+    bad = _timeout_problems(job)
+    if bad:
+        raise ConfigError(bad)
     children = plan_children(dep, job)
     if job.get("dry_run"):
         for c in children:
@@ -79,20 +95,72 @@ def _preflight(dep: Deployment, job: dict) -> None:
     problems += _module_problems("job.python", python, server_module, _SERVER_FIX)
     if server_module == "sglang.launch_server":
         problems += _checkpoint_problems(dep)
-    if dep.router is not None:
-        key = "job.router_python" if job.get("router_python") else "job.python"
-        problems += _module_problems(key, job.get("router_python") or python,
+    server_python_broken = any(p.key == "job.python" and "not an executable" in p.message for p in problems)
+    if dep.router is not None and (job.get("router_python") or not server_python_broken):
+        # the router may live in its own environment: job.router_python is the setting to change
+        problems += _module_problems("job.router_python", job.get("router_python") or python,
                                      job.get("router_module") or "sglang_router.launch_router", _ROUTER_FIX)
+    foreign = set()
     for label, host, port in listening_ports(dep):
-        key = label.split(" ")[0]
+        key, flag, what = _parse_label(label)
         bind_host = "0.0.0.0" if host in ("", "0.0.0.0") else host
         if ":" in bind_host:          # IPv6 binds are left to the server itself
             continue
+        if not _is_local_address(bind_host):
+            host_key, host_flag = _host_key(key)
+            if (host_key, bind_host) not in foreign:
+                foreign.add((host_key, bind_host))
+                problems.append(Problem(host_key, host_flag, f"{bind_host} is not an address of this machine; "
+                                        f"job=launch starts every server and the router here, so each must bind "
+                                        f"a local address (127.0.0.1, 0.0.0.0 or one of this machine's); to run "
+                                        f"servers on other machines, start each there", "launch"))
+            continue
         if not port_is_free(port, bind_host):
-            problems.append(Problem(key, None, f"{bind_host}:{port} is already in use; stop what listens there or "
-                                    f"choose a free port with {key}=<port>", "launch"))
+            where = f" ({what})" if what else ""
+            problems.append(Problem(key, flag, f"{bind_host}:{port}{where} is already in use; stop what listens "
+                                    f"there or choose a free port with {key}=<port>", "launch"))
     if problems:
         raise ConfigError(problems)
+
+
+def _parse_label(label: str) -> Tuple[str, Optional[str], str]:
+    """(key, flag, what) from a ``listening_ports`` label: ``key (--flag) [what]``."""
+    import re
+    m = re.match(r"^(?P<key>\S+)(?: \((?P<flag>[^)]*)\))?(?: \[(?P<what>.*)\])?$", label)
+    if not m:
+        return label, None, ""
+    return m["key"], m["flag"], m["what"] or ""
+
+
+def _host_key(port_key: str) -> Tuple[str, Optional[str]]:
+    """The host setting that goes with a port key: ``decode.serving.host (--host)``, ``deploy.router_host``."""
+    from ..config.errors import problem_for
+    if port_key.endswith("dist_init_addr"):       # that setting names its host itself
+        return port_key, problem_for("dist_init_addr", "").flag
+    if port_key.startswith("deploy."):
+        return "deploy.router_host", None
+    p = problem_for("host", "")
+    role = port_key.split(".")[0]
+    return (f"{role}.{p.key}" if role in ("prefill", "decode") else p.key), p.flag
+
+
+def _is_local_address(host: str) -> bool:
+    """Whether this machine can bind ``host`` (a wildcard, loopback or one of its own addresses)."""
+    import errno
+    import socket
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for *_rest, addr in infos:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((addr[0], 0))
+                return True
+            except OSError as exc:
+                if exc.errno != errno.EADDRNOTAVAIL:
+                    return True     # some other reason (permissions): not this check's business
+    return False
 
 
 def _checkpoint_problems(dep: Deployment) -> List[Problem]:

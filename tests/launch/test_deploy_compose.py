@@ -228,3 +228,123 @@ def test_dry_run_starts_decode_on_its_own_gpus(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sglang_hydra", "deploy=pd", ON_GPUS, "decode.device.base_gpu_id=0",
                         "job=launch", "job.dry_run=true"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "decode.device.base_gpu_id" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------- every port SGLang binds
+ATTN_DP = ("parallel.tp_size=2", "parallel.attn_dp_size=2")     # what --tp 2 --dp 2 --enable-dp-attention gives
+
+
+def bound(dep, role):
+    """(host, port) of everything ``role`` binds, as the launch's port check sees it."""
+    return {(h, p) for label, h, p in listening_ports(dep) if label.startswith(f"{role}.")}
+
+
+def test_attention_dp_blocks_of_the_two_sides_do_not_overlap():
+    dep, _, _ = deploy("deploy=pd", *ATTN_DP)
+    pre, dec = bound(dep, "prefill"), bound(dep, "decode")
+    assert not pre & dec
+    # SGLang 0.5.23 PortArgs.init_new: dist-init at --port + 233, its six ZMQ ports right after
+    assert {p for _, p in pre} >= set(range(30233, 30240))
+    dec_port = dep.server("decode").record.port
+    assert {p for _, p in dec} >= {dec_port, *range(dec_port + 233, dec_port + 240)}
+    assert dec_port + 233 > 30239                 # decode's block starts past prefill's
+
+
+def test_attention_dp_on_one_side_moves_decode_only_as_far_as_needed():
+    dep, _, _ = deploy("deploy=pd", "decode.parallel.tp_size=2", "decode.parallel.attn_dp_size=2")
+    assert dep.server("decode").record.port == 30001            # prefill binds no block: nothing to avoid
+    assert not bound(dep, "prefill") & bound(dep, "decode")
+
+
+def test_a_written_port_inside_the_other_sides_block_is_an_error():
+    out = problems("deploy=pd", *ATTN_DP, "prefill.serving.port=30000", "decode.serving.port=30234")
+    assert len(out) == 1
+    assert out[0].startswith("decode.serving.port (--port): port 30234 is also prefill.serving.port (--port)")
+    assert "ZMQ" in out[0]
+
+
+@pytest.mark.parametrize("argv,key", [
+    (("--nccl-port", "5000"), "parallel.nccl_port (--nccl-port)"),
+    (("--grpc-mode", "--grpc-port", "7000"), "serving.grpc_port (--grpc-port)"),
+    (("--grpc-mode", "--smg-http-sidecar-port", "9000"), "observability.smg_http_sidecar_port"),
+    (("--engine-info-bootstrap-port", "6000", "model.remote_instance_weight_loader_start_seed_via_transfer_engine=true"),
+     "model.engine_info_bootstrap_port (--engine-info-bootstrap-port)"),
+    ((*ATTN_DP, "--dist-init-addr", "127.0.0.1:5000"), "parallel.dist_init_addr (--dist-init-addr)"),
+])
+def test_a_shared_written_port_is_a_collision(argv, key):
+    out = problems("deploy=pd", *argv)
+    assert len(out) == 1 and out[0].startswith(f"decode.{key}") and f"prefill.{key.split(' ')[0]}" in out[0]
+    assert "copied to both sides" in out[0]
+
+
+def test_ports_that_are_not_written_are_laid_out_apart():
+    dep, _, _ = deploy("deploy=pd", "model.remote_instance_weight_loader_start_seed_via_transfer_engine=true")
+    assert (dep.server("prefill").record.engine_info_bootstrap_port,
+            dep.server("decode").record.engine_info_bootstrap_port) == (6789, 6790)
+    dep, _, _ = deploy("deploy=pd", "--grpc-mode")       # the sidecar takes --port + 1, so decode moves past it
+    assert dep.server("decode").record.port == 30002
+    assert not bound(dep, "prefill") & bound(dep, "decode")
+
+
+def test_an_assigned_port_moves_past_a_written_one_and_two_written_ones_clash():
+    dep, _, _ = deploy("deploy=pd", "prefill.parallel.nccl_port=30001")
+    assert dep.server("decode").record.port == 30002
+    out = problems("deploy=pd", "prefill.parallel.nccl_port=30001", "decode.serving.port=30001")
+    assert len(out) == 1 and out[0].startswith("decode.serving.port (--port): port 30001 is also "
+                                               "prefill.parallel.nccl_port (--nccl-port)")
+
+
+# ---------------------------------------------------------------- flag values are not deployment keys
+def test_legacy_flag_values_are_not_deployment_tokens():
+    assert deployment_request(["--chat-template", "decode.jinja", "job=resolve"]) is None
+    assert deployment_request(["--served-model-name", "deploy=x"]) is None
+    assert deployment_request(["--chat-template=prefill.jinja"]) is None
+    dep, _, _ = deploy("deploy=pd", "--served-model-name", "decode.x", "--chat-template", "prefill.jinja")
+    for role in ("prefill", "decode"):
+        rec = dep.server(role).record
+        assert (rec.served_model_name, rec.chat_template) == ("decode.x", "prefill.jinja")
+    req = deployment_request(["-m", "deploy=pd"])            # a Hydra flag without a value leaves it alone
+    assert req is not None and req.option == "pd"
+
+
+def test_a_disagg_preset_cannot_choose_a_sides_mode(tmp_path):
+    out = problems("deploy=pd", "decode.disagg=prefill")
+    assert len(out) == 1 and out[0].startswith("decode.disagg: disagg=prefill sets disaggregation_mode=prefill")
+    out = problems("deploy=pd", "disagg=decode")
+    assert len(out) == 1 and out[0].startswith("disagg: disagg=decode") and "deploy=pd sets each side's mode" in out[0]
+    cfg = tmp_path / "pd.yaml"
+    cfg.write_text("decode: {disagg: prefill}\n")
+    out = problems("--config", str(cfg))
+    assert len(out) == 1 and out[0].startswith("decode.disagg:")
+    dep, _, _ = deploy("deploy=pd", "prefill.disagg=prefill", "disagg=none")     # the same mode, or none: fine
+    assert dep.server("prefill").record.disaggregation_mode == "prefill"
+
+
+def test_every_problem_of_a_deployment_is_reported_in_one_run():
+    out = problems("deploy=pd", "decode.schedule.page_size=16", "prefill.serving.port=31000",
+                   "decode.serving.port=31000")
+    assert len(out) == 2
+    assert out[0].startswith("decode.serving.port (--port): port 31000") and out[1].startswith("schedule.page_size")
+    out = problems("deploy=pd", "decode.schedule.page_size=16", "prefill.serving.port=31000",
+                   "decode.serving.port=31000", "decode.parallel.tp_size=x", "deploy.router_policy=bad", "job=plan")
+    keys = [p.split(" ")[0].rstrip(":") for p in out]
+    assert keys == ["deploy.router_policy", "decode.parallel.tp_size", "job", "decode.serving.port",
+                    "schedule.page_size"], out
+
+
+def test_a_setting_that_failed_raises_no_follow_up_problems():
+    out = problems("deploy=pd", "prefill.serving.port=30000", "decode.serving.port=abc", "decode.schedule.page_size=x")
+    assert sorted(p.split(" ")[0] for p in out) == ["decode.schedule.page_size", "decode.serving.port"], out
+
+
+def test_gpus_are_laid_out_when_the_device_was_detected_not_written(caplog):
+    """A dry run on a machine without a GPU (the device detects as cpu) still gives decode its
+    own GPUs, and says why; a written device.device=cpu places nothing."""
+    import logging
+    with caplog.at_level(logging.WARNING, logger="sglang_hydra.config"):
+        dep, _, _ = deploy("deploy=pd", "prefill.parallel.tp_size=4")
+    assert gpu_bases(dep) == (0, 4)
+    if str(dep.server("decode").record.device) == "cpu":        # this machine has no GPU driver
+        assert any("no GPU was found here" in r.getMessage() for r in caplog.records)
+    dep, _, _ = deploy("deploy=pd", "device.device=cpu", "prefill.parallel.tp_size=4")
+    assert gpu_bases(dep) == (0, 0)

@@ -138,6 +138,7 @@ def test_missing_sglang_or_router_is_a_config_error(tmp_path):
     r = cli("deploy=pd", "job=launch", *STANDIN, "job.router_module=no_such_router.launch", cwd=tmp_path, env=env)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "cannot import 'no_such_router'" in r.stderr and "sglang-router==0.3.2" in r.stderr
+    assert "job.router_python: " in r.stderr and "set job.router_python=" in r.stderr
 
 
 def test_launching_a_test_geometry_is_refused_before_anything_starts(tmp_path):
@@ -162,6 +163,46 @@ def test_a_busy_port_is_a_config_error_and_nothing_starts(launch, ports):
         busy = s.getsockname()[1]
         run = launch([f"serving.port={busy}", *STANDIN])
         assert run.wait(TIMEOUT) == 2
-    assert f"serving.port: 127.0.0.1:{busy} is already in use" in run.stderr
+    assert f"serving.port (--port): 127.0.0.1:{busy} is already in use" in run.stderr
     assert "serving.port=<port>" in run.stderr
     assert run.standin_pids() == []
+
+
+def test_a_side_on_another_machines_address_is_refused_by_name(tmp_path):
+    """job=launch starts everything here: an address this machine does not have is not 'in use'."""
+    env = {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}
+    foreign = [h for h in ("198.51.100.7", "203.0.113.7", "192.0.2.7", "198.51.100.8", "203.0.113.8")
+               if not _bindable(h)][:2]                     # documentation ranges (RFC 5737) this machine lacks
+    if len(foreign) < 2:
+        pytest.skip("this machine has the documentation addresses")
+    r = cli("deploy=pd", f"prefill.serving.host={foreign[0]}", f"decode.serving.host={foreign[1]}", *STANDIN,
+            "job=launch", cwd=tmp_path, env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"prefill.serving.host (--host): {foreign[0]} is not an address of this machine" in r.stderr
+    assert f"decode.serving.host (--host): {foreign[1]} is not an address of this machine" in r.stderr
+    assert "already in use" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_launch_settings_that_cannot_work_are_config_errors(tmp_path):
+    for setting in ("job.health_timeout=-1", "job.stop_timeout=0"):
+        r = cli("job=launch", "job.dry_run=true", setting, cwd=tmp_path)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert f"{setting.split('=')[0]}: " in r.stderr and "not a positive, finite number of seconds" in r.stderr
+    r = cli("deploy=pd", "job=launch", "job.dry_run=true", "deploy.router_extra_args=[--port,9999]", cwd=tmp_path)
+    assert r.returncode == 2 and "deploy.router_extra_args: --port (set by deploy.router_port)" in r.stderr
+
+
+def _bindable(host: str) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, 0))
+            return True
+        except OSError:
+            return False
+
+
+def test_a_foreign_address_is_blamed_on_the_setting_that_names_it():
+    from sglang_hydra.jobs.launch import _host_key
+    assert _host_key("decode.serving.port") == ("decode.serving.host", "--host")
+    assert _host_key("deploy.router_prometheus_port") == ("deploy.router_host", None)
+    assert _host_key("prefill.parallel.dist_init_addr") == ("prefill.parallel.dist_init_addr", "--dist-init-addr")
