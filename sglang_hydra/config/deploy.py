@@ -427,6 +427,20 @@ def _compose(side: _Side, extra: Sequence[Setting], env=None, *, quiet: bool = F
         logger.removeFilter(label)
 
 
+class _Once:
+    """A logging filter that lets each distinct message through once."""
+
+    def __init__(self) -> None:
+        self.seen: set = set()
+
+    def filter(self, record) -> bool:
+        text = record.getMessage()
+        if text in self.seen:
+            return False
+        self.seen.add(text)
+        return True
+
+
 class _RoleLabel:
     """A logging filter that puts the side's role in front of each note it resolves."""
 
@@ -476,7 +490,13 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
     problems = list(req.problems)
     settings, explicit_deploy = _deploy_settings(req, problems)
     roles = SIDES if settings.name == "pd" else (None,)
-    sides = [_side_command(req, role) for role in roles]
+    import logging
+    once = _Once()              # both sides parse the shared flags: their notes (deprecations) once
+    logging.getLogger("sglang_hydra.config").addFilter(once)
+    try:
+        sides = [_side_command(req, role) for role in roles]
+    finally:
+        logging.getLogger("sglang_hydra.config").removeFilter(once)
     first = sides[0]
     if first.hydra_flags or first.cmd.sweep or first.cmd.hydra_only:
         what = (first.hydra_flags or first.cmd.hydra_only or ["a sweep"])[0]

@@ -25,6 +25,11 @@ def test_pd_resolve_prints_both_records_and_the_router(tmp_path):
     assert (data["prefill"]["port"], data["decode"]["port"]) == (30000, 30001)
     assert data["router"]["url"] == "http://127.0.0.1:8000"
     assert yaml.safe_load((tmp_path / "dep.yaml").read_text()) == data
+    # a deprecated shared flag is one warning, not one per side
+    dep = run("deploy=pd", "--tp", "2", "--dp", "2", "--enable-dp-attention", "--device", "cuda", "job=resolve",
+              "job.format=argv", cwd=tmp_path)
+    assert dep.returncode == 0, dep.stderr
+    assert dep.stderr.count("--enable-dp-attention (command line) is deprecated") == 1
     # each side's notes say whose they are, once each
     assert r.stderr.count("decode: memory.disable_radix_cache: False -> True (D-PD)") == 1
     assert "prefill: memory.disable_radix_cache" not in r.stderr
