@@ -550,7 +550,8 @@ def flag_tokens(fi: FieldInfo, v: Any) -> List[str]:
     text = _scalar_text(v)
     if act.parser == "nullable_str" and (text == "" or text == "None"):
         return []  # the reference reads both as unset
-    return [f"{flag}={text}"] if text.startswith("-") or text == "" else [flag, text]
+    # attached when the value would read as a flag or (key=value of a group) a Hydra override
+    return [f"{flag}={text}"] if text.startswith("-") or text == "" or is_hydra_override(text) else [flag, text]
 
 
 def _lora_item_as_json(item: str) -> str:

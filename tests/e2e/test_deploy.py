@@ -160,9 +160,13 @@ def test_flag_values_that_look_like_deployment_keys_stay_values(tmp_path):
     r = run("--chat-template", "decode.jinja", "job=resolve", "job.format=argv", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "--model-path tiny --chat-template decode.jinja"
+    # `key=value` after a valued flag whose key is a config group is read as that override (so a
+    # forgotten value is reported, not swallowed); `--flag=value` keeps such a value literal.
     r = run("--served-model-name", "deploy=x", "job=resolve", "job.format=argv", cwd=tmp_path)
+    assert r.returncode == 2 and "--served-model-name" in r.stderr and "expects a value" in r.stderr
+    r = run("--served-model-name=deploy=x", "job=resolve", "job.format=argv", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "--model-path tiny --served-model-name deploy=x"
+    assert r.stdout.strip() == "--model-path tiny --served-model-name=deploy=x"     # and exported so
 
 
 def test_pd_records_show_settings_only(tmp_path):
