@@ -210,11 +210,10 @@ def _free_tokens(argv: Sequence[str]) -> set:
 
 def _deploy_token(req: DeployRequest, sep: str, rest: str, tok: str) -> None:
     before = len(req.problems)
-    value = _parse_value(rest, tok, req)
+    value, sweep = _parse_value(rest, tok, req)
     if len(req.problems) > before:         # unparsable: said once, not again as a missing value
         return
-    from hydra.core.override_parser.types import Sweep
-    if isinstance(value, Sweep):
+    if sweep:
         key = "deploy" if sep == "=" else f"deploy.{rest.partition('=')[0]}"
         req.problems.append(Problem(key, None, f"{tok!r} sweeps over the deployment, which is not supported; "
                                     f"run one deployment per command", f"override {tok}"))
@@ -225,19 +224,19 @@ def _deploy_token(req: DeployRequest, sep: str, rest: str, tok: str) -> None:
         req.deploy_settings.append((rest.partition("=")[0], value, f"override {tok}"))
 
 
-def _parse_value(rest: str, tok: str, req: DeployRequest) -> Any:
-    """The value of a ``key=value`` token, typed by Hydra's override grammar."""
+def _parse_value(rest: str, tok: str, req: DeployRequest) -> Tuple[Any, bool]:
+    """(the value of a ``key=value`` token typed by Hydra's override grammar, whether it is a sweep)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     text = rest if "=" in rest else f"x={rest}"
     try:
         (ov,) = OverridesParser.create().parse_overrides([text])
-        return ov.value()
+        return ov.value(), ov.is_sweep_override()
     except HydraException as exc:
         req.problems.append(Problem(tok.split("=")[0], None, f"cannot parse override {tok!r}: "
                                     f"{str(exc).strip().splitlines()[0]}", "override"))
-        return None
+        return None, False
 
 
 def _load_file_sections(req: DeployRequest) -> bool:

