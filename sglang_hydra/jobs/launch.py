@@ -81,6 +81,9 @@ def run(record, job: dict, ctx: JobContext) -> int:
         for c in children:
             print(f"# {c.role} (health: {c.health_url})")
             print(shlex.join(c.command))
+        if (job.get("server_module") or "sglang.launch_server") == "sglang.launch_server":
+            for p in _checkpoint_problems(dep):   # said now, not first when the real launch refuses
+                print(f"sglang-hydra: note: {p.key}: {p.message}", file=sys.stderr)
         return 0
     _preflight(dep, job)
     return _Supervisor(children, float(job.get("health_timeout", 1800.0)), float(job.get("stop_timeout", 30.0))).run()

@@ -148,6 +148,8 @@ def test_launching_a_test_geometry_is_refused_before_anything_starts(tmp_path):
     (fake / "__init__.py").write_text("")
     (fake / "launch_server.py").write_text("raise SystemExit('must not start')\n")
     env = {"PYTHONPATH": str(tmp_path / "fake")}
+    r = cli("job=launch", "job.dry_run=true", cwd=tmp_path, env=env)     # a dry run prints and notes it
+    assert r.returncode == 0 and "note: model.model_path: server: 'tiny' is a built-in test geometry" in r.stderr
     r = cli("job=launch", cwd=tmp_path, env=env)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "server: 'tiny' is a built-in test geometry with no checkpoint" in r.stderr
