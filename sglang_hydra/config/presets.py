@@ -87,6 +87,9 @@ def group_options(group: str) -> List[str]:
 
 def no_such_option(group: str, option: str, options: Sequence[str], kind: str = "preset") -> str:
     """Why ``group=option`` selects nothing: the options the group has, and the closest one."""
+    if not options:
+        return (f"group '{group}' has no {kind}s to select ('{option}' given); set its fields instead, "
+                f"as {group}.<field>=value")
     return (f"no {kind} '{option}' in group '{group}'; available: {', '.join(options)}"
             f"{did_you_mean(option, options)}")
 

@@ -282,3 +282,10 @@ def test_hydra_path_stdout_is_the_jobs_output_and_the_log_file_keeps_the_details
     assert "memory.hicache_ratio: None -> 2.0 (M-HR)" in log and "explicitly_set" not in log
     saved = tmp_path / "run" / ".hydra"
     assert (saved / "config.yaml").is_file() and "memory=hicache" in (saved / "overrides.yaml").read_text()
+
+
+def test_empty_model_path_and_preset_less_groups_are_explained(tmp_path):
+    r = run("--model-path", "", "job=resolve", cwd=tmp_path)
+    assert_config_error(r, "model.model_path (--model-path): is empty; give a Hugging Face id")
+    r = run("lora=default", "job=resolve", cwd=tmp_path)
+    assert_config_error(r, "group 'lora' has no presets to select ('default' given); set its fields instead")

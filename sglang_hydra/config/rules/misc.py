@@ -33,6 +33,9 @@ _RADIX_OFF_ARCHS = {
 @rule(0, "model-geometry")
 def geometry_from_checkpoint(cfg: Resolving) -> None:
     """A local checkpoint's config.json overrides preset geometry the user did not set."""
+    if not str(cfg.model_path or "").strip():
+        cfg.error("model_path", "is empty; give a Hugging Face id, a checkpoint directory or a preset name")
+        return
     path = Path(str(cfg.model_path))
     cj = path / "config.json"
     if not path.is_dir():
