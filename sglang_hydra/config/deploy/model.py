@@ -1,0 +1,138 @@
+"""The deployment data model: what a deployment is (its servers, its router, its deploy keys) and
+the router's command line.  Everything else in the package builds or checks these, so this module
+depends on nothing else in it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..legacy import Setting
+from ..record import ServerArgs
+
+SIDES = ("prefill", "decode")
+DEFAULT_DEPLOY = "single"
+DEPLOYMENT_JOBS = ("resolve", "launch")       # jobs that take a whole deployment
+_SOURCE = "deploy=pd"
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+@dataclass
+class DeploySettings:
+    """The deployment-level keys (``deploy.<key>=...``); the router ones only mean something for pd."""
+
+    name: str = DEFAULT_DEPLOY
+    router_host: str = "127.0.0.1"
+    router_port: int = 8000
+    router_prometheus_port: int = 29000
+    router_policy: Optional[str] = None          # None: the router's own default
+    router_extra_args: List[str] = field(default_factory=list)   # passed to the router verbatim
+
+
+ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
+# router flags the deployment writes itself (router_argv); in router_extra_args they would fight it
+_ROUTER_MANAGED = {
+    "--pd-disaggregation": "deploy=pd", "--prefill": "the prefill server's URL and bootstrap port",
+    "--decode": "the decode server's URL", "--host": "deploy.router_host", "--port": "deploy.router_port",
+    "--prometheus-host": "deploy.router_host", "--prometheus-port": "deploy.router_prometheus_port",
+    "--policy": "deploy.router_policy",
+}
+
+
+def _managed_router_flags(args: Sequence[Any]) -> List[str]:
+    """``router_extra_args`` entries that are flags the deployment sets itself, with what sets them."""
+    out = []
+    for a in args:
+        flag = str(a).partition("=")[0]
+        if flag in _ROUTER_MANAGED:
+            out.append(f"{flag} (set by {_ROUTER_MANAGED[flag]})")
+    return out
+
+
+@dataclass(frozen=True)
+class Router:
+    host: str
+    port: int
+    prometheus_port: int
+    policy: Optional[str]
+    extra_args: Tuple[str, ...]
+
+    @property
+    def url(self) -> str:
+        return f"http://{connect_host(self.host)}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Server:
+    role: str              # "server" (single), "prefill" or "decode"
+    record: ServerArgs
+
+    @property
+    def url(self) -> str:
+        return f"http://{connect_host(self.record.host)}:{self.record.port}"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What ``job=resolve`` prints and ``job=launch`` starts."""
+
+    name: str                          # single | pd
+    servers: Tuple[Server, ...]
+    router: Optional[Router] = None
+
+    def server(self, role: str) -> Server:
+        return next(s for s in self.servers if s.role == role)
+
+
+def connect_host(host: Optional[str]) -> str:
+    """Where a local client reaches a server bound to ``host`` (a wildcard bind answers on loopback)."""
+    host = (host or "").strip()
+    if host in _WILDCARD_HOSTS:
+        return "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]"
+    return host
+
+
+def as_deployment(target: Any) -> Deployment:
+    """A deployment from either a deployment or a single record (``job=launch`` without deploy=)."""
+    if isinstance(target, Deployment):
+        return target
+    mode = getattr(target, "disaggregation_mode", "null")
+    return Deployment("single", (Server(mode if mode in SIDES else "server", target),))
+
+
+def router_argv(dep: Deployment) -> List[str]:
+    """``sglang_router.launch_router`` flags for a PD deployment (checked against sglang-router 0.3.2)."""
+    r = dep.router
+    if r is None:
+        return []
+    prefill, decode = dep.server("prefill"), dep.server("decode")
+    out = ["--pd-disaggregation",
+           "--prefill", prefill.url, str(prefill.record.disaggregation_bootstrap_port),
+           "--decode", decode.url,
+           "--host", r.host, "--port", str(r.port),
+           "--prometheus-host", r.host, "--prometheus-port", str(r.prometheus_port)]
+    if r.policy:
+        out += ["--policy", r.policy]
+    return out + list(r.extra_args)
+
+
+@dataclass
+class _Side:
+    """One side's command: what is shared and what only this side says."""
+
+    role: str
+    cmd: Any                       # compose.Command, merged in precedence order
+    side_settings: List[Setting]   # what only this side says
+    shared_settings: List[Setting] # what the top level says
+    hydra_flags: List[str]
+    side_choices: Dict[str, str] = field(default_factory=dict)     # presets only this side selects
+    shared_choices: Dict[str, str] = field(default_factory=dict)   # presets the top level selects
+
+    @property
+    def side_names(self) -> set:
+        return {s.name for s in self.side_settings}
+
+    @property
+    def shared_names(self) -> set:
+        return {s.name for s in self.shared_settings}
