@@ -322,23 +322,15 @@ def split_argv(argv: Sequence[str]) -> SplitArgv:
                 continue
             action = actions[full]
             flag = full
-            if action.kind == "boolean_optional":
+            if action.kind == "boolean_optional" or action.nargs == 0:  # switches (store_true, --x/--no-x)
                 if eq:
                     out.problems.append(_problem(action, flag, f"argument {flag}: ignored explicit argument {inline!r}"))
                 elif i < len(argv) and _is_stray_word(argv[i]):
                     out.problems.append(_problem(action, flag, _switch_given_value(action, flag, argv[i])))
                     i += 1
                 else:
-                    out.settings.append((pos, Setting(action.dest, not flag.startswith("--no-"), flag)))
-                continue
-            if action.nargs == 0:  # store_true and deprecated store_true flags
-                if eq:
-                    out.problems.append(_problem(action, flag, f"argument {flag}: ignored explicit argument {inline!r}"))
-                elif i < len(argv) and _is_stray_word(argv[i]):
-                    out.problems.append(_problem(action, flag, _switch_given_value(action, flag, argv[i])))
-                    i += 1
-                else:
-                    out.settings.append((pos, Setting(action.dest, True, flag)))
+                    on = not flag.startswith("--no-") if action.kind == "boolean_optional" else True
+                    out.settings.append((pos, Setting(action.dest, on, flag)))
                 continue
             if action.nargs in ("+", "*"):
                 raws = [inline] if eq else []

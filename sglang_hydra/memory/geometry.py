@@ -174,13 +174,6 @@ def model_presets() -> Tuple[str, ...]:
     return tuple(group_options("model"))
 
 
-def _model_preset(name: str) -> dict:
-    """The fields a model preset sets (empty when there is no such preset)."""
-    from ..config.presets import preset
-    data, _ = preset("model", name)
-    return dict((data or {}).get("model") or {})
-
-
 def check_geometry_known(record: Any) -> None:
     """Refuse a ``model_path`` whose KV geometry nobody stated.
 
@@ -198,19 +191,18 @@ def check_geometry_known(record: Any) -> None:
     is_explicit = getattr(record, "is_explicit", None)
     if callable(is_explicit) and any(is_explicit(f) for f in GEOMETRY_FIELDS):
         return
-    names = model_presets()
-    named = [n for n in names if n == path or _model_preset(n).get("model_path") == path]
-    for name in named:
-        data = _model_preset(name)
-        if all(getattr(record, f, None) == data[f] for f in GEOMETRY_FIELDS if f in data):
-            return      # the preset's own geometry (the default tiny model, say)
-    if named:
+    from ..config.rules.model_facts import presets_named_by
+    presets = presets_named_by(path)
+    if any(all(getattr(record, f, None) == data[f] for f in GEOMETRY_FIELDS if f in data) for _, data in presets):
+        return      # the preset's own geometry (the default tiny model, say)
+    if presets:
+        name = presets[0][0]
         raise setup_error("model_path",
-                          f"{path!r} is the model of preset {named[0]!r}, but the record does not have its KV "
-                          f"geometry (no preset was selected); add model={named[0]}")
+                          f"{path!r} is the model of preset {name!r}, but the record does not have its KV "
+                          f"geometry (no preset was selected); add model={name}")
     raise setup_error("model_path",
                       f"{path!r} is neither a model preset nor a local directory with a config.json, so its KV "
-                      f"geometry is unknown; choose a preset with model=<name> ({', '.join(names)}), or "
+                      f"geometry is unknown; choose a preset with model=<name> ({', '.join(model_presets())}), or "
                       "point model.model_path at a checkpoint directory that holds config.json")
 
 

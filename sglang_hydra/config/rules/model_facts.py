@@ -31,6 +31,11 @@ def _model_presets() -> Tuple[Tuple[str, Dict[str, Any]], ...]:
     return tuple(out)
 
 
+def presets_named_by(model_path: str) -> Tuple[Tuple[str, Dict[str, Any]], ...]:
+    """The model presets whose name or ``model_path`` is ``model_path``, with their fields."""
+    return tuple((name, data) for name, data in _model_presets() if model_path in (name, data.get("model_path")))
+
+
 def _is_checkpoint(path: str) -> bool:
     p = Path(path)
     return p.is_dir() and (p / "config.json").is_file()
@@ -41,9 +46,8 @@ def _known(fields: Iterable[str], values: Mapping[str, Any], is_explicit: Callab
     fields = tuple(fields)
     if any(is_explicit(f) or from_checkpoint(f) for f in fields):
         return True
-    path = str(values.get("model_path") or "")
-    for name, data in _model_presets():
-        if path in (name, data.get("model_path")) and all(values.get(f) == data[f] for f in fields if f in data):
+    for _name, data in presets_named_by(str(values.get("model_path") or "")):
+        if all(values.get(f) == data[f] for f in fields if f in data):
             return True     # the preset's own model (the default tiny one, say)
     return False
 
