@@ -74,9 +74,9 @@ def plugin_packages_needed(hydra_only: Sequence[str], hydra_flags: Sequence[str]
     """The on-demand plugin packages this command can use (None: it may use any, scan all).
 
     ``hydra/launcher=joblib`` needs the joblib package, ``hydra/sweeper=optuna`` Optuna's;
-    flags that list or explain plugins (``--info``, ``--hydra-help``, ``--help``, completion)
+    flags that list or explain plugins (``--info``, ``--hydra-help``, completion)
     and a ``hydra.searchpath`` need the full scan."""
-    if any(f.split("=")[0] in ("--info", "-i", "--hydra-help", "--help", "-h", "-sc", "--shell-completion")
+    if any(f.split("=")[0] in ("--info", "-i", "--hydra-help", "-sc", "--shell-completion")
            for f in hydra_flags):
         return None
     needed: Set[str] = set()
