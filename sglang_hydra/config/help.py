@@ -60,6 +60,20 @@ JOB_FIELD_HELP = {
     "objective": "The metric this job returns to an optimising sweeper (Optuna).",
     "pd_pair.requests": "How many requests to transfer.",
     "pd_pair.verify": "Check that every transferred page arrived intact.",
+    # job=deploy_search
+    "deploy_search.time_scale": "Arrival times x this (0.5: the trace at twice its request rate).",
+    "sla.ttft_ms": "Time-to-first-token bound in ms (required by job=deploy_search).",
+    "sla.tpot_ms": "Time-per-output-token bound in ms (required by job=deploy_search).",
+    "sla.percentile": "The bounds hold for this percentile of the requests (nearest rank): 50, 90 or 99.",
+    "search.modes": "agg: replicas behind the router; disagg: prefill and decode pools (xPyD).",
+    "search.tp": "Tensor-parallel sizes tried for each server (each side of disagg on its own).",
+    "search.hicache_ratio": "HiCache host-tier sizes tried (x the device pool; 0: no host tier).",
+    "search.policies": "Radix-cache eviction policies tried (memory.radix_eviction_policy).",
+    "search.router_policies": "sglang-router policies tried when a pool has several servers.",
+    "rate_search": "Per deployment, find the highest request rate (scaling the trace's arrival times) that "
+                   "still meets the SLA and rank by output tokens/s per GPU there.",
+    "processes": "Worker processes that evaluate deployments (results do not depend on it).",
+    "top": "How many deployments the table prints (summary.csv has them all).",
 }
 
 
@@ -80,6 +94,15 @@ def job_help_lines() -> List[str]:
             text = JOB_FIELD_HELP.get(f"{name}.{f.name}", JOB_FIELD_HELP.get(f.name, ""))
             if f.name in spec.choices:
                 text += f" Choices: {', '.join(map(str, spec.choices[f.name]))}."
+            if dataclasses.is_dataclass(default):      # a group of settings: job.sla.ttft_ms ...
+                for sub in dataclasses.fields(default):
+                    sub_default = getattr(default, sub.name)
+                    lines.append(f"  job.{f.name}.{sub.name}={sub_default!r}")
+                    sub_text = JOB_FIELD_HELP.get(f"{name}.{f.name}.{sub.name}", JOB_FIELD_HELP.get(f"{f.name}.{sub.name}", ""))
+                    if sub_text.strip():
+                        lines += textwrap.wrap(sub_text.strip(), width=96, initial_indent="      ",
+                                               subsequent_indent="      ")
+                continue
             lines.append(f"  job.{f.name}={default!r}")
             if text.strip():
                 lines += textwrap.wrap(text.strip(), width=96, initial_indent="      ", subsequent_indent="      ")

@@ -11,7 +11,7 @@ from ..errors import ConfigError, Problem, did_you_mean, problem_for
 from ..legacy import Setting
 from ..record import ServerArgs
 from .gpus import _lay_out_gpus, gpu_budget_problems
-from .model import (WORKER_KEYS, deploy_settings_problems, DEFAULT_DEPLOY, DEPLOYMENT_JOBS, ROUTER_POLICIES, SIDES, _SOURCE, Deployment, DeploySettings,
+from .model import (PLANNING_JOBS, WORKER_KEYS, deploy_settings_problems, DEFAULT_DEPLOY, DEPLOYMENT_JOBS, ROUTER_POLICIES, SIDES, _SOURCE, Deployment, DeploySettings,
                     Router, Server, _managed_router_flags, _Side)
 from .ports import _lay_out_ports
 from .request import DeployRequest
@@ -228,6 +228,9 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
             probs += _budget(settings, [("deploy.workers", settings.workers, record)], composed)
         if problems or probs:
             raise ConfigError(problems + probs)
+        if composed.job_name in PLANNING_JOBS and settings.workers == 1:     # it needs the deploy keys
+            return (Deployment(settings.name, (Server("server", record),), None, settings, composed.hardware),
+                    composed.job_name, composed.job)
         if settings.workers == 1:
             return record, composed.job_name, composed.job
         return _aggregated(first, record, composed, settings, explicit_deploy, env)

@@ -12,6 +12,7 @@ from ..record import ServerArgs
 SIDES = ("prefill", "decode")
 DEFAULT_DEPLOY = "single"
 DEPLOYMENT_JOBS = ("resolve", "launch")       # jobs that take a whole deployment
+PLANNING_JOBS = ("deploy_search",)            # jobs that read the deploy keys of a single record
 _SOURCE = "deploy=pd"
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
@@ -119,6 +120,7 @@ class Deployment:
     servers: Tuple[Server, ...]
     router: Optional[Router] = None
     settings: Optional[DeploySettings] = None    # the deploy keys it was composed from
+    hardware: Any = None                         # config.hardware.Hardware it was composed with
 
     def server(self, role: str) -> Server:
         """The (first) server of a role, or the one of that name (``prefill1``)."""
