@@ -46,14 +46,20 @@ ELEMENTWISE_HIDDEN_PASSES = 10
 #: hardware fields the model reads (all from conf/hardware/<name>.yaml)
 HARDWARE_PERF_FIELDS = (
     "bf16_tflops", "hbm_bandwidth_gbps", "gemm_efficiency", "gemm_half_tokens", "memory_efficiency",
-    "attention_prefill_efficiency", "attention_decode_efficiency", "allreduce_efficiency",
-    "allreduce_latency_us", "kernel_floor_us", "pass_overhead_us", "tp_link", "nvlink_gbps", "h2d_gbps",
+    "attention_prefill_efficiency", "attention_prefill_extra_pairs", "attention_decode_efficiency",
+    "attention_decode_seq_us", "allreduce_efficiency", "allreduce_latency_us", "allreduce_bridge_gbps",
+    "kernel_floor_us", "pass_overhead_us", "tp_link", "nvlink_gbps", "h2d_gbps",
 )
 
 
 class PassModelError(ValueError):
     """The record or hardware lacks (or has a bad) field the pass model needs; the message
-    names the key, e.g. ``model.intermediate_size is not set ...``."""
+    names the key, e.g. ``model.intermediate_size is not set ...``.  ``problems`` holds each
+    problem on its own (every one starts with the key it names)."""
+
+    def __init__(self, problems):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
@@ -162,7 +168,9 @@ class PassModel:
         else:
             self._attn_pair_s = layers * heads_r * 2.0 * (head_dim + v_head_dim) / att_peak
             self._dec_flop_s = layers * heads_r * 2.0 * (head_dim + v_head_dim) / att_peak
+        self._attn_extra_pairs = float(hw["attention_prefill_extra_pairs"])
         self._dec_kv_s = self.kv_bytes_per_token / (bw * float(hw["attention_decode_efficiency"]))
+        self._dec_seq_s = layers * float(hw["attention_decode_seq_us"]) * US
         self._attn_floor = layers * self._floor
 
         # all-reduce: a ring moves 2 (tp-1)/tp of the payload per GPU
@@ -170,7 +178,12 @@ class PassModel:
         if tp > 1:
             link = hw["nvlink_gbps"] if hw["tp_link"] == "nvlink" else hw["h2d_gbps"]
             rate = float(link) * GB * float(hw["allreduce_efficiency"])
-            self._ar_per_token = 2 * layers * (2.0 * (tp - 1) / tp) * ACT_BYTES * hidden / rate
+            bridge = hw.get("allreduce_bridge_gbps")
+            if hw["tp_link"] == "pcie" and tp > 2 and bridge:
+                # beyond a pair, every GPU's share of the ring crosses one shared host bridge
+                self._ar_per_token = 2 * layers * 2.0 * (tp - 1) * ACT_BYTES * hidden / (float(bridge) * GB)
+            else:
+                self._ar_per_token = 2 * layers * (2.0 * (tp - 1) / tp) * ACT_BYTES * hidden / rate
             self._ar_fixed = 2 * layers * float(hw["allreduce_latency_us"]) * US
         else:
             self._ar_per_token = self._ar_fixed = 0.0
@@ -267,7 +280,7 @@ class PassModel:
                 problems.append(f"hardware.{field} is not set for hardware '{name}', needed for the all-reduce "
                                 f"of parallel.tp_size={tp} over tp_link={link}")
         if problems:
-            raise PassModelError("; ".join(problems))
+            raise PassModelError(problems)
         from ..memory.geometry import kv_geometry
         from ..memory.weights import WEIGHT_ITEMSIZE, weight_dtype, weights_per_rank
         try:
@@ -323,10 +336,10 @@ class PassModel:
         y = w + a * rows
         t += x if x > y else y
         if prefill_attn_pairs:
-            x = prefill_attn_pairs * self._attn_pair_s
+            x = (prefill_attn_pairs + self._attn_extra_pairs * (m - decode_seqs)) * self._attn_pair_s
             t += x if x > self._attn_floor else self._attn_floor
         if decode_seqs:
-            x = decode_kv_tokens * self._dec_kv_s
+            x = decode_kv_tokens * self._dec_kv_s + decode_seqs * self._dec_seq_s
             y = decode_kv_tokens * self._dec_flop_s
             if y > x:
                 x = y
@@ -378,10 +391,12 @@ class PassModel:
         c, w, a = self._lm
         out["lm_head"] = max(c * (rows + self._half), w + a * rows)
         if prefill_attn_pairs:
-            out["attention_prefill"] = max(prefill_attn_pairs * self._attn_pair_s, self._attn_floor)
+            out["attention_prefill"] = max(
+                (prefill_attn_pairs + self._attn_extra_pairs * (m - decode_seqs)) * self._attn_pair_s,
+                self._attn_floor)
         if decode_seqs:
-            out["attention_decode"] = max(decode_kv_tokens * self._dec_kv_s, decode_kv_tokens * self._dec_flop_s,
-                                          self._attn_floor)
+            out["attention_decode"] = max(decode_kv_tokens * self._dec_kv_s + decode_seqs * self._dec_seq_s,
+                                          decode_kv_tokens * self._dec_flop_s, self._attn_floor)
         if self._has_ar:
             out["allreduce"] = self._ar_fixed + m * self._ar_per_token
         out["elementwise"] = max(m * self._elem_per_token, self._elem_floor)
