@@ -28,6 +28,7 @@ Python).  No torch, no Hydra.
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_right
 from types import SimpleNamespace
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -192,6 +193,8 @@ class PassModel:
         i_act = (intermediate // tp) if not moe else (moe[1] * moe[2] // tp)
         self._elem_per_token = layers * ACT_BYTES * (ELEMENTWISE_HIDDEN_PASSES * hidden + 3 * i_act) / mem_rate
         self._elem_floor = layers * ELEMENTWISE_KERNELS_PER_LAYER * self._floor
+        self._moe_memo: Dict[int, float] = {}
+        self._build_piecewise()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -319,17 +322,14 @@ class PassModel:
             return 0.0
         if prefill_seqs is None:
             prefill_seqs = 1 if m > decode_seqs else 0
-        floor = self._floor
-        mh = m + self._half
-        t = self._overhead
-        for count, c, w, a, _cls in self._gemm_consts:
-            x = c * mh
-            y = w + a * m
-            if y > x:
-                x = y
-            t += count * (x if x > floor else floor)
+        # every term that depends on the token count alone: one piecewise-linear lookup
+        i = bisect_right(self._pw_breaks, m)
+        t = self._pw_slope[i] * m + self._pw_icept[i]
         if self._moe is not None:
-            t += self._moe_s(m)
+            moe = self._moe_memo.get(m)
+            if moe is None:
+                moe = self._moe_memo[m] = self._moe_s(m)
+            t += moe
         rows = prefill_seqs + decode_seqs
         c, w, a = self._lm
         x = c * (rows + self._half)
@@ -344,11 +344,46 @@ class PassModel:
             if y > x:
                 x = y
             t += x if x > self._attn_floor else self._attn_floor
+        return t
+
+    def _token_terms(self, m: float) -> float:
+        """GEMMs (not the LM head or routed experts), all-reduce, element-wise kernels and
+        the pass overhead for ``m`` tokens: what ``step_s`` reads from the piecewise table."""
+        floor = self._floor
+        t = self._overhead
+        for count, c, w, a, _cls in self._gemm_consts:
+            t += count * max(c * (m + self._half), w + a * m, floor)
         if self._has_ar:
             t += self._ar_fixed + m * self._ar_per_token
-        x = m * self._elem_per_token
-        t += x if x > self._elem_floor else self._elem_floor
-        return t
+        return t + max(m * self._elem_per_token, self._elem_floor)
+
+    def _build_piecewise(self) -> None:
+        """Each term of :meth:`_token_terms` is a max of lines in ``m``, so their sum is linear
+        between the points where any term changes regime: find those, then store each
+        interval's slope and intercept (exact, not an approximation)."""
+        floor, h = self._floor, self._half
+        points = set()
+        for _count, c, w, a, _cls in self._gemm_consts:
+            if c != a:
+                points.add((w - c * h) / (c - a))
+            if c:
+                points.add((floor - c * h) / c)
+            if a:
+                points.add((floor - w) / a)
+        if self._elem_per_token:
+            points.add(self._elem_floor / self._elem_per_token)
+        breaks = sorted(x for x in points if x > 0)
+        edges = [0.0] + breaks + [(breaks[-1] if breaks else 0.0) + 3.0]
+        slopes, icepts = [], []
+        for lo, hi in zip(edges[:-1], edges[1:]):
+            x1, x2 = lo + (hi - lo) / 3.0, lo + 2.0 * (hi - lo) / 3.0
+            y1, y2 = self._token_terms(x1), self._token_terms(x2)
+            slope = (y2 - y1) / (x2 - x1)
+            slopes.append(slope)
+            icepts.append(y1 - slope * x1)
+        self._pw_breaks = breaks
+        self._pw_slope = slopes
+        self._pw_icept = icepts
 
     def _moe_s(self, m: int) -> float:
         experts, top_k, layers, comp_per_token, w_per_expert, act_per_token = self._moe

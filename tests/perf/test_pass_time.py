@@ -155,3 +155,14 @@ def test_missing_fields_are_named():
     with pytest.raises(PassModelError, match=r"model\.num_experts_per_tok.*model\.moe_intermediate_size"):
         PassModel.from_record(moe, preset("h100_80gb"))
 
+
+
+@pytest.mark.parametrize("hwname,tp", [("h100_80gb", 1), ("l40s_48gb", 4), ("a100_80gb", 8)])
+def test_piecewise_lookup_equals_the_direct_sum(hwname, tp):
+    """step_s reads the token-count terms from a piecewise-linear table: it must be exact."""
+    m = PassModel.from_record(dict(LLAMA8, tp_size=tp), preset(hwname))
+    for n in (1, 2, 3, 7, 31, 64, 100, 257, 1000, 4096, 8191, 65536, 300000):
+        direct = sum(m.breakdown(n, 0, n, n * 10).values())
+        assert m.step_s(n, 0, n, n * 10) == pytest.approx(direct, rel=1e-9)
+        pairs = PassModel.attn_pairs(0, n)
+        assert m.step_s(n, pairs, 0, 0) == pytest.approx(sum(m.breakdown(n, pairs).values()), rel=1e-9)
