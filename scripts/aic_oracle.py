@@ -26,7 +26,9 @@ def main() -> int:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         from aiconfigurator.cli.api import cli_estimate
     out = []
-    for p in points:
+    for i, p in enumerate(points):
+        if i and i % 20 == 0:
+            print(f"aic_oracle: {i}/{len(points)} points", file=sys.stderr, flush=True)
         res = dict(p)
         try:
             for mode, key, attr in (("static_ctx", "ttft_ms", "ttft"), ("static_gen", "tpot_ms", "tpot")):

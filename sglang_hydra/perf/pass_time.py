@@ -156,7 +156,7 @@ class PassModel:
              ACT_BYTES * (g.k + g.n) / mem_rate, g.cls) for g in gemms)
         v_r = vocab // tp
         self._lm = (2.0 * hidden * v_r / gemm_rate, weight_itemsize * hidden * v_r / mem_rate,
-                    ACT_BYTES * (hidden + v_r) / mem_rate)
+                    ACT_BYTES * (hidden + v_r) / mem_rate) if v_r else (0.0, 0.0, 0.0)
 
         # attention
         att_peak = peak * float(hw["attention_prefill_efficiency"])
