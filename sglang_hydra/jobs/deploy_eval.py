@@ -62,6 +62,7 @@ class EngineModel:
     max_running: int                   # max_running_requests
     radix: bool = True                 # keeps a prefix cache
     eviction_policy: str = "lru"       # memory.radix_eviction_policy
+    mixed_chunk: bool = False          # schedule.enable_mixed_chunk: prefill chunks ride along decode steps
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,10 @@ class _Engine:
         self._admit()
         m = self.m
         if self.prefilling:                       # a prefill batch runs first, as SGLang's scheduler does
-            budget, batch, new, pairs, load = m.chunk_tokens, [], 0, 0, 0.0
+            mixed = m.mixed_chunk and self.role == "agg" and self.n > 0
+            # mixed with a decode step, the running requests' tokens come out of the chunk budget
+            budget, batch, new, pairs, load = m.chunk_tokens - (self.n if mixed else 0), [], 0, 0, 0.0
+            budget = max(budget, 1)
             for r in self.prefilling:
                 if budget <= 0:
                     break
@@ -208,8 +212,11 @@ class _Engine:
                 batch.append((r, take))
                 new += take
                 budget -= take
-            t = m.step_s(new, pairs, 0, 0, len(batch)) + load
-            self.cur = ("prefill", batch)
+            if mixed:
+                t = m.step_s(new + self.n, pairs, self.n, self.ctx, len(batch)) + load
+            else:
+                t = m.step_s(new, pairs, 0, 0, len(batch)) + load
+            self.cur = ("prefill", batch, mixed)
         elif self.n:
             first = self.heap[0][0] - self.k
             steps = max(1, min(first, _MAX_MACRO_STEPS))
@@ -245,6 +252,8 @@ class _Engine:
         if cur is None:
             return out
         if cur[0] == "prefill":
+            if cur[2]:                            # mixed: the running requests took one decode step too
+                out += self._step_done(now, 1)
             for r, take in cur[1]:
                 r.todo -= take
                 if r.todo > 0:
@@ -271,6 +280,11 @@ class _Engine:
             for r in self.fresh:
                 r.t_first = start + per
             self.fresh = []
+        return out + self._step_done(now, steps)
+
+    def _step_done(self, now: float, steps: int) -> List[_Req]:
+        """``steps`` decode steps of the running batch ended at ``now``: the requests they finished."""
+        out: List[_Req] = []
         self.k += steps
         self.ctx += self.n * steps
         while self.heap and self.heap[0][0] <= self.k:

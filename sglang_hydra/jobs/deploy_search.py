@@ -202,7 +202,8 @@ class _Engines:
                            kv_bytes_per_token_rank=per_token, h2d_bytes_per_s=float(self.hardware.h2d_gbps) * 1e9,
                            chunk_tokens=int(rec.chunked_prefill_size or DEFAULT_CHUNK_TOKENS),
                            max_running=int(rec.max_running_requests or DEFAULT_MAX_RUNNING),
-                           radix=radix and not rec.disable_radix_cache, eviction_policy=policy)
+                           radix=radix and not rec.disable_radix_cache, eviction_policy=policy,
+                           mixed_chunk=bool(rec.enable_mixed_chunk))
 
     def plan(self, c: Candidate) -> Plan:
         if c.mode == "agg":

@@ -28,6 +28,7 @@ Python).  No torch, no Hydra.
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_right
 from types import SimpleNamespace
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -46,14 +47,20 @@ ELEMENTWISE_HIDDEN_PASSES = 10
 #: hardware fields the model reads (all from conf/hardware/<name>.yaml)
 HARDWARE_PERF_FIELDS = (
     "bf16_tflops", "hbm_bandwidth_gbps", "gemm_efficiency", "gemm_half_tokens", "memory_efficiency",
-    "attention_prefill_efficiency", "attention_decode_efficiency", "allreduce_efficiency",
-    "allreduce_latency_us", "kernel_floor_us", "pass_overhead_us", "tp_link", "nvlink_gbps", "h2d_gbps",
+    "attention_prefill_efficiency", "attention_prefill_extra_pairs", "attention_decode_efficiency",
+    "attention_decode_seq_us", "allreduce_efficiency", "allreduce_latency_us", "allreduce_bridge_gbps",
+    "kernel_floor_us", "pass_overhead_us", "tp_link", "nvlink_gbps", "h2d_gbps",
 )
 
 
 class PassModelError(ValueError):
     """The record or hardware lacks (or has a bad) field the pass model needs; the message
-    names the key, e.g. ``model.intermediate_size is not set ...``."""
+    names the key, e.g. ``model.intermediate_size is not set ...``.  ``problems`` holds each
+    problem on its own (every one starts with the key it names)."""
+
+    def __init__(self, problems):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
@@ -149,7 +156,7 @@ class PassModel:
              ACT_BYTES * (g.k + g.n) / mem_rate, g.cls) for g in gemms)
         v_r = vocab // tp
         self._lm = (2.0 * hidden * v_r / gemm_rate, weight_itemsize * hidden * v_r / mem_rate,
-                    ACT_BYTES * (hidden + v_r) / mem_rate)
+                    ACT_BYTES * (hidden + v_r) / mem_rate) if v_r else (0.0, 0.0, 0.0)
 
         # attention
         att_peak = peak * float(hw["attention_prefill_efficiency"])
@@ -162,7 +169,9 @@ class PassModel:
         else:
             self._attn_pair_s = layers * heads_r * 2.0 * (head_dim + v_head_dim) / att_peak
             self._dec_flop_s = layers * heads_r * 2.0 * (head_dim + v_head_dim) / att_peak
+        self._attn_extra_pairs = float(hw["attention_prefill_extra_pairs"])
         self._dec_kv_s = self.kv_bytes_per_token / (bw * float(hw["attention_decode_efficiency"]))
+        self._dec_seq_s = layers * float(hw["attention_decode_seq_us"]) * US
         self._attn_floor = layers * self._floor
 
         # all-reduce: a ring moves 2 (tp-1)/tp of the payload per GPU
@@ -170,7 +179,12 @@ class PassModel:
         if tp > 1:
             link = hw["nvlink_gbps"] if hw["tp_link"] == "nvlink" else hw["h2d_gbps"]
             rate = float(link) * GB * float(hw["allreduce_efficiency"])
-            self._ar_per_token = 2 * layers * (2.0 * (tp - 1) / tp) * ACT_BYTES * hidden / rate
+            bridge = hw.get("allreduce_bridge_gbps")
+            if hw["tp_link"] == "pcie" and tp > 2 and bridge:
+                # beyond a pair, every GPU's share of the ring crosses one shared host bridge
+                self._ar_per_token = 2 * layers * 2.0 * (tp - 1) * ACT_BYTES * hidden / (float(bridge) * GB)
+            else:
+                self._ar_per_token = 2 * layers * (2.0 * (tp - 1) / tp) * ACT_BYTES * hidden / rate
             self._ar_fixed = 2 * layers * float(hw["allreduce_latency_us"]) * US
         else:
             self._ar_per_token = self._ar_fixed = 0.0
@@ -179,6 +193,8 @@ class PassModel:
         i_act = (intermediate // tp) if not moe else (moe[1] * moe[2] // tp)
         self._elem_per_token = layers * ACT_BYTES * (ELEMENTWISE_HIDDEN_PASSES * hidden + 3 * i_act) / mem_rate
         self._elem_floor = layers * ELEMENTWISE_KERNELS_PER_LAYER * self._floor
+        self._moe_memo: Dict[int, float] = {}
+        self._build_piecewise()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -267,7 +283,7 @@ class PassModel:
                 problems.append(f"hardware.{field} is not set for hardware '{name}', needed for the all-reduce "
                                 f"of parallel.tp_size={tp} over tp_link={link}")
         if problems:
-            raise PassModelError("; ".join(problems))
+            raise PassModelError(problems)
         from ..memory.geometry import kv_geometry
         from ..memory.weights import WEIGHT_ITEMSIZE, weight_dtype, weights_per_rank
         try:
@@ -306,36 +322,68 @@ class PassModel:
             return 0.0
         if prefill_seqs is None:
             prefill_seqs = 1 if m > decode_seqs else 0
-        floor = self._floor
-        mh = m + self._half
-        t = self._overhead
-        for count, c, w, a, _cls in self._gemm_consts:
-            x = c * mh
-            y = w + a * m
-            if y > x:
-                x = y
-            t += count * (x if x > floor else floor)
+        # every term that depends on the token count alone: one piecewise-linear lookup
+        i = bisect_right(self._pw_breaks, m)
+        t = self._pw_slope[i] * m + self._pw_icept[i]
         if self._moe is not None:
-            t += self._moe_s(m)
+            moe = self._moe_memo.get(m)
+            if moe is None:
+                moe = self._moe_memo[m] = self._moe_s(m)
+            t += moe
         rows = prefill_seqs + decode_seqs
         c, w, a = self._lm
         x = c * (rows + self._half)
         y = w + a * rows
         t += x if x > y else y
         if prefill_attn_pairs:
-            x = prefill_attn_pairs * self._attn_pair_s
+            x = (prefill_attn_pairs + self._attn_extra_pairs * (m - decode_seqs)) * self._attn_pair_s
             t += x if x > self._attn_floor else self._attn_floor
         if decode_seqs:
-            x = decode_kv_tokens * self._dec_kv_s
+            x = decode_kv_tokens * self._dec_kv_s + decode_seqs * self._dec_seq_s
             y = decode_kv_tokens * self._dec_flop_s
             if y > x:
                 x = y
             t += x if x > self._attn_floor else self._attn_floor
+        return t
+
+    def _token_terms(self, m: float) -> float:
+        """GEMMs (not the LM head or routed experts), all-reduce, element-wise kernels and
+        the pass overhead for ``m`` tokens: what ``step_s`` reads from the piecewise table."""
+        floor = self._floor
+        t = self._overhead
+        for count, c, w, a, _cls in self._gemm_consts:
+            t += count * max(c * (m + self._half), w + a * m, floor)
         if self._has_ar:
             t += self._ar_fixed + m * self._ar_per_token
-        x = m * self._elem_per_token
-        t += x if x > self._elem_floor else self._elem_floor
-        return t
+        return t + max(m * self._elem_per_token, self._elem_floor)
+
+    def _build_piecewise(self) -> None:
+        """Each term of :meth:`_token_terms` is a max of lines in ``m``, so their sum is linear
+        between the points where any term changes regime: find those, then store each
+        interval's slope and intercept (exact, not an approximation)."""
+        floor, h = self._floor, self._half
+        points = set()
+        for _count, c, w, a, _cls in self._gemm_consts:
+            if c != a:
+                points.add((w - c * h) / (c - a))
+            if c:
+                points.add((floor - c * h) / c)
+            if a:
+                points.add((floor - w) / a)
+        if self._elem_per_token:
+            points.add(self._elem_floor / self._elem_per_token)
+        breaks = sorted(x for x in points if x > 0)
+        edges = [0.0] + breaks + [(breaks[-1] if breaks else 0.0) + 3.0]
+        slopes, icepts = [], []
+        for lo, hi in zip(edges[:-1], edges[1:]):
+            x1, x2 = lo + (hi - lo) / 3.0, lo + 2.0 * (hi - lo) / 3.0
+            y1, y2 = self._token_terms(x1), self._token_terms(x2)
+            slope = (y2 - y1) / (x2 - x1)
+            slopes.append(slope)
+            icepts.append(y1 - slope * x1)
+        self._pw_breaks = breaks
+        self._pw_slope = slopes
+        self._pw_icept = icepts
 
     def _moe_s(self, m: int) -> float:
         experts, top_k, layers, comp_per_token, w_per_expert, act_per_token = self._moe
@@ -378,10 +426,12 @@ class PassModel:
         c, w, a = self._lm
         out["lm_head"] = max(c * (rows + self._half), w + a * rows)
         if prefill_attn_pairs:
-            out["attention_prefill"] = max(prefill_attn_pairs * self._attn_pair_s, self._attn_floor)
+            out["attention_prefill"] = max(
+                (prefill_attn_pairs + self._attn_extra_pairs * (m - decode_seqs)) * self._attn_pair_s,
+                self._attn_floor)
         if decode_seqs:
-            out["attention_decode"] = max(decode_kv_tokens * self._dec_kv_s, decode_kv_tokens * self._dec_flop_s,
-                                          self._attn_floor)
+            out["attention_decode"] = max(decode_kv_tokens * self._dec_kv_s + decode_seqs * self._dec_seq_s,
+                                          decode_kv_tokens * self._dec_flop_s, self._attn_floor)
         if self._has_ar:
             out["allreduce"] = self._ar_fixed + m * self._ar_per_token
         out["elementwise"] = max(m * self._elem_per_token, self._elem_floor)

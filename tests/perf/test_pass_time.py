@@ -155,3 +155,35 @@ def test_missing_fields_are_named():
     with pytest.raises(PassModelError, match=r"model\.num_experts_per_tok.*model\.moe_intermediate_size"):
         PassModel.from_record(moe, preset("h100_80gb"))
 
+
+
+@pytest.mark.parametrize("hwname,tp", [("h100_80gb", 1), ("l40s_48gb", 4), ("a100_80gb", 8)])
+def test_piecewise_lookup_equals_the_direct_sum(hwname, tp):
+    """step_s reads the token-count terms from a piecewise-linear table: it must be exact."""
+    m = PassModel.from_record(dict(LLAMA8, tp_size=tp), preset(hwname))
+    for n in (1, 2, 3, 7, 31, 64, 100, 257, 1000, 4096, 8191, 65536, 300000):
+        direct = sum(m.breakdown(n, 0, n, n * 10).values())
+        assert m.step_s(n, 0, n, n * 10) == pytest.approx(direct, rel=1e-9)
+        pairs = PassModel.attn_pairs(0, n)
+        assert m.step_s(n, pairs, 0, 0) == pytest.approx(sum(m.breakdown(n, pairs).values()), rel=1e-9)
+
+
+def test_fits_recover_known_factors():
+    """The calibrate fitters get back the factors that generated the timings."""
+    from sglang_hydra.perf import fit
+    peak, bw = 500e12, 2e12
+    truth = dict(gemm_efficiency=0.7, gemm_half_tokens=80.0, memory_efficiency=0.75, kernel_floor_us=6.0)
+    samples = [(m, n, k, fit.gemm_s(m, n, k, peak, bw, 2.0, *truth.values()))
+               for m in (1, 4, 16, 64, 256, 1024, 4096, 16384) for n, k in ((4096, 4096), (14336, 4096), (256, 256))]
+    got, rms = fit.fit_gemm(samples, peak, bw, 2.0)
+    assert rms < 0.01
+    for key in ("gemm_efficiency", "memory_efficiency"):
+        assert got[key] == pytest.approx(truth[key], rel=0.05)
+    samples = [(b, s, 32, 128, fit.prefill_attention_s(b, s, 32, 128, peak, 0.6, 300.0, 6.0))
+               for b in (1, 4) for s in (256, 1024, 4096, 16384)]
+    got, rms = fit.fit_prefill_attention(samples, peak, 6.0)
+    assert rms < 0.01 and got["attention_prefill_efficiency"] == pytest.approx(0.6, rel=0.05)
+    samples = [(b, b * c, 32768.0, fit.decode_attention_s(b, b * c, 32768.0, bw, 0.8, 0.2, 6.0))
+               for b in (1, 8, 64, 256) for c in (128, 1024, 8192)]
+    got, rms = fit.fit_decode_attention(samples, bw, 6.0)
+    assert rms < 0.01 and got["attention_decode_efficiency"] == pytest.approx(0.8, rel=0.05)
