@@ -70,6 +70,11 @@ JOB_FIELD_HELP = {
     "search.hicache_ratio": "HiCache host-tier sizes tried (x the device pool; 0: no host tier).",
     "search.policies": "Radix-cache eviction policies tried (memory.radix_eviction_policy).",
     "search.router_policies": "sglang-router policies tried when a pool has several servers.",
+    "search.chunked_prefill_size": "Prefill chunk sizes tried for aggregated servers (null: the record's "
+                                   "schedule.chunked_prefill_size); with schedule.enable_mixed_chunk=true a smaller "
+                                   "chunk trades TTFT for TPOT.",
+    "search.all_gpus": "Only deployments that use every GPU of deploy.total_gpus (as aiconfigurator's cli "
+                       "default does); otherwise smaller ones compete per GPU too.",
     "rate_search": "Per deployment, find the highest request rate (scaling the trace's arrival times) that "
                    "still meets the SLA and rank by output tokens/s per GPU there.",
     "processes": "Worker processes that evaluate deployments (results do not depend on it).",

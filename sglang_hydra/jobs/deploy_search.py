@@ -53,6 +53,7 @@ class Candidate:
     hicache_ratio: float = 0.0
     policy: str = "lru"
     router_policy: str = "cache_aware"
+    chunk: Optional[int] = None     # agg: chunked_prefill_size (None: the record's)
 
     @property
     def gpus(self) -> int:
@@ -88,13 +89,17 @@ def enumerate_candidates(total_gpus: int, node_gpus: Optional[int], space: Dict[
                 for p in range(1, total_gpus // ptp + 1):
                     for d in range(1, (total_gpus - p * ptp) // dtp + 1):
                         layouts.append(("disagg", p, ptp, d, dtp))
+    if space.get("all_gpus"):
+        layouts = [l for l in layouts if l[1] * l[2] + l[3] * l[4] == total_gpus]
+    chunks = list(dict.fromkeys(space.get("chunked_prefill_size") or [None]))
     out = []
     for mode, n, tp, d, dtp in layouts:
         several = n > 1 or d > 1
         for ratio in dict.fromkeys(float(r) for r in space["hicache_ratio"]):
             for policy in dict.fromkeys(space["policies"]):
                 for rp in (routers if several else routers[:1]):
-                    out.append(Candidate(mode, n, tp, d, dtp, ratio, policy, rp))
+                    for chunk in (chunks if mode == "agg" else [None]):
+                        out.append(Candidate(mode, n, tp, d, dtp, ratio, policy, rp, chunk))
     return out
 
 
@@ -146,6 +151,13 @@ def _settings_problems(job: dict, sla: Dict[str, Any], space: Dict[str, Any]) ->
     for t in space["tp"]:
         if not (isinstance(t, int) and t >= 1):
             out.append(Problem("job.search.tp", None, f"{t!r} is not a positive whole number", "deploy_search"))
+    for c in space.get("chunked_prefill_size") or []:
+        if c is not None and not (isinstance(c, int) and c >= 1):
+            out.append(Problem("job.search.chunked_prefill_size", None, f"{c!r} is not a positive number of tokens "
+                               f"(or null for the record's)", "deploy_search"))
+    if not isinstance(space.get("all_gpus"), bool):
+        out.append(Problem("job.search.all_gpus", None, f"{space.get('all_gpus')!r} is not true or false",
+                           "deploy_search"))
     for r in space["hicache_ratio"]:
         if not (isinstance(r, (int, float)) and (r == 0 or r > 1) and math.isfinite(r)):
             out.append(Problem("job.search.hicache_ratio", None, f"{r!r}: a HiCache host tier is more than 1 x the "
@@ -195,19 +207,21 @@ class _Engines:
             self._pool[key] = (p.device_pages * p.page_size, p.host_pages * p.page_size, p.bytes_per_page / p.page_size)
         return self._pool[key]
 
-    def engine(self, tp: int, ratio: float, policy: str, *, radix: bool = True) -> EngineModel:
+    def engine(self, tp: int, ratio: float, policy: str, *, radix: bool = True, chunk: Optional[int] = None
+               ) -> EngineModel:
         device, host, per_token = self.pool(tp, ratio)
         rec = self.record
         return EngineModel(tp=tp, step_s=self.pass_model(tp).step_s, kv_tokens=device, host_tokens=host if radix else 0,
                            kv_bytes_per_token_rank=per_token, h2d_bytes_per_s=float(self.hardware.h2d_gbps) * 1e9,
-                           chunk_tokens=int(rec.chunked_prefill_size or DEFAULT_CHUNK_TOKENS),
+                           chunk_tokens=int(chunk or rec.chunked_prefill_size or DEFAULT_CHUNK_TOKENS),
                            max_running=int(rec.max_running_requests or DEFAULT_MAX_RUNNING),
                            radix=radix and not rec.disable_radix_cache, eviction_policy=policy,
                            mixed_chunk=bool(rec.enable_mixed_chunk))
 
     def plan(self, c: Candidate) -> Plan:
         if c.mode == "agg":
-            return Plan("agg", c.workers, self.engine(c.tp, c.hicache_ratio, c.policy), router_policy=c.router_policy)
+            return Plan("agg", c.workers, self.engine(c.tp, c.hicache_ratio, c.policy, chunk=c.chunk),
+                        router_policy=c.router_policy)
         # decode servers run without a radix cache in PD (SGLang's rule D-PD), so without HiCache
         return Plan("disagg", c.workers, self.engine(c.tp, c.hicache_ratio, c.policy), c.decode_workers,
                     self.engine(c.decode_tp, 0.0, c.policy, radix=False), router_policy=c.router_policy,
@@ -414,7 +428,8 @@ def _over(row: Dict[str, Any], sla: Sla) -> str:
 def _row(c: Candidate, m: Dict[str, Any], sla: Sla, rate: bool) -> Dict[str, Any]:
     row = {"rank": 0, "mode": c.mode, "layout": c.layout, "gpus": c.gpus, "workers": c.workers, "tp": c.tp,
            "decode_workers": c.decode_workers, "decode_tp": c.decode_tp, "hicache_ratio": c.hicache_ratio,
-           "policy": c.policy, "router_policy": c.router_policy, "runnable": c.runnable}
+           "policy": c.policy, "router_policy": c.router_policy, "chunked_prefill_size": c.chunk,
+           "runnable": c.runnable}
     row.update(m)
     row["meets_sla"] = (m.get("rate_rps", 0) > 0) if rate else meets(m, sla)
     row.setdefault("closest", shortfall(m, sla))
@@ -425,7 +440,8 @@ def _unfit_row(c: Candidate, engines: _Engines, need: int) -> Dict[str, Any]:
     pool = engines.pool(c.tp if c.mode == "agg" else c.decode_tp, 0.0)[0]
     return {"rank": 0, "mode": c.mode, "layout": c.layout, "gpus": c.gpus, "workers": c.workers, "tp": c.tp,
             "decode_workers": c.decode_workers, "decode_tp": c.decode_tp, "hicache_ratio": c.hicache_ratio,
-            "policy": c.policy, "router_policy": c.router_policy, "runnable": c.runnable, "status": "rejected",
+            "policy": c.policy, "router_policy": c.router_policy, "chunked_prefill_size": c.chunk,
+            "runnable": c.runnable, "status": "rejected",
             "note": f"its pool of {pool:,} tokens cannot hold the longest request ({need:,})", "meets_sla": False,
             "closest": math.inf, "tokens_per_s_per_gpu": 0.0, "tokens_per_s_per_user": 0.0,
             "goodput_rps_per_gpu": 0.0, **{f"{k}_p{p}_ms": 0.0 for k in ("ttft", "tpot") for p in PERCENTILES}}
@@ -436,12 +452,12 @@ def _rank_key(r: Dict[str, Any], rate: bool):
     ties: fewer GPUs, then the layout's name (so the order never depends on timing)."""
     score = r["tokens_per_s_per_gpu"] if rate else r["goodput_rps_per_gpu"]
     return (not r["meets_sla"], -round(score, 9), r["gpus"], r["mode"], r["layout"], r["hicache_ratio"],
-            r["policy"], r["router_policy"])
+            r["policy"], r["router_policy"], r["chunked_prefill_size"] or 0)
 
 
 def _best(best: Dict[str, Any], runnable: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     keep = ("mode", "layout", "gpus", "workers", "tp", "decode_workers", "decode_tp", "hicache_ratio", "policy",
-            "router_policy", "runnable", "tokens_per_s_per_gpu", "tokens_per_s_per_user", "goodput_rps_per_gpu",
+            "router_policy", "chunked_prefill_size", "runnable", "tokens_per_s_per_gpu", "tokens_per_s_per_user", "goodput_rps_per_gpu",
             "ttft_p90_ms", "tpot_p90_ms", "rate_rps")
     out = {k: best[k] for k in keep if k in best}
     if not best["runnable"]:
@@ -458,6 +474,7 @@ def _memory_text(r: Dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- output
 _COLUMNS = [("rank", "#", "{}"), ("mode", "mode", "{}"), ("layout", "layout", "{}"), ("gpus", "GPUs", "{}"),
             ("hicache_ratio", "hicache", "{:g}"), ("policy", "policy", "{}"), ("router_policy", "router", "{}"),
+            ("chunked_prefill_size", "chunk", "{}"),
             ("status", "status", "{}"), ("ttft_p90_ms", "TTFT p90 ms", "{:,.0f}"), ("tpot_p90_ms", "TPOT p90 ms", "{:,.1f}"),
             ("tokens_per_s_per_gpu", "tok/s/GPU", "{:,.0f}"), ("tokens_per_s_per_user", "tok/s/user", "{:,.1f}")]
 
@@ -478,7 +495,7 @@ def _table(rows: List[Dict[str, Any]], rate: bool, sla: Sla, total_rows: int) ->
             line.append(f.format(v) if v is not None else "-")
         cells.append(line)
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    text = "\n".join("  ".join(c.rjust(w) if i in (0, 3) or i >= 8 else c.ljust(w) for i, (c, w) in
+    text = "\n".join("  ".join(c.rjust(w) if i in (0, 3) or i >= 9 else c.ljust(w) for i, (c, w) in
                                enumerate(zip(row, widths))) for row in cells)
     p = sla.percentile
     head = (f"deployments ranked by {'output tokens/s per GPU at the highest request rate' if rate else 'SLA goodput per GPU'}"
@@ -515,6 +532,10 @@ def best_deploy_yaml(best: Dict[str, Any], record, hardware, total: int, header:
         data["model"] = {"model_path": record.model_path}
         data["parallel"] = {"tp_size": best["tp"]}
         data["memory"] = memory
+        if best.get("chunked_prefill_size"):
+            data["schedule"] = {"chunked_prefill_size": best["chunked_prefill_size"]}
+    if record.enable_mixed_chunk:
+        data["schedule"] = {**data.get("schedule", {}), "enable_mixed_chunk": True}
     else:
         data["deploy"] = {"name": "pd", "prefill_workers": best["workers"], "decode_workers": best["decode_workers"],
                           "total_gpus": total}

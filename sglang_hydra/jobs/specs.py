@@ -126,6 +126,8 @@ class DeploySearchSpace:
     hicache_ratio: List[float] = field(default_factory=lambda: [0.0])  # 0: no HiCache host tier
     policies: List[str] = field(default_factory=lambda: ["lru"])       # radix eviction policies
     router_policies: List[str] = field(default_factory=lambda: ["cache_aware"])
+    chunked_prefill_size: List[Optional[int]] = field(default_factory=lambda: [None])   # agg; None: the record's
+    all_gpus: bool = False               # only deployments that use every GPU of deploy.total_gpus
 
 
 @dataclass
