@@ -79,6 +79,8 @@ JOB_FIELD_HELP = {
                    "still meets the SLA and rank by output tokens/s per GPU there.",
     "processes": "Worker processes that evaluate deployments (results do not depend on it).",
     "top": "How many deployments the table prints (summary.csv has them all).",
+    "deploy_search.output_dir": "Write summary.csv, pareto.png, best_deploy.yaml and deploy_search.json here "
+                                "(a directory that holds no earlier search); unset: outputs/<date>/<time>/.",
 }
 
 

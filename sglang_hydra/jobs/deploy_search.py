@@ -348,6 +348,15 @@ def run(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
     if hardware is None or not getattr(hardware, "bf16_tflops", None):
         problems.append(Problem("hardware", None, "the search times every pass on a GPU model: choose a hardware "
                                 "preset (hardware=h100_80gb, h200_141gb, a100_80gb, l40s_48gb)", "deploy_search"))
+    out_dir = job.get("output_dir")
+    if out_dir:
+        from pathlib import Path
+        target_dir = Path(str(out_dir)).expanduser()
+        if (target_dir / "deploy_search.json").exists() or (target_dir.exists() and not target_dir.is_dir()):
+            problems.append(Problem("job.output_dir", None, f"{out_dir!r} already holds a deploy search (or is a "
+                                    f"file); choose another directory or remove it", "deploy_search"))
+        elif not ctx.multirun:
+            ctx.output_dir = target_dir
     if problems:
         raise ConfigError(problems)
     too_wide = [t for t in space["tp"] if t > total or (node and t > node)]
@@ -534,16 +543,16 @@ def best_deploy_yaml(best: Dict[str, Any], record, hardware, total: int, header:
         data["memory"] = memory
         if best.get("chunked_prefill_size"):
             data["schedule"] = {"chunked_prefill_size": best["chunked_prefill_size"]}
-    if record.enable_mixed_chunk:
-        data["schedule"] = {**data.get("schedule", {}), "enable_mixed_chunk": True}
     else:
         data["deploy"] = {"name": "pd", "prefill_workers": best["workers"], "decode_workers": best["decode_workers"],
                           "total_gpus": total}
         if best["workers"] > 1 or best["decode_workers"] > 1:
             data["deploy"]["router_policy"] = best["router_policy"]
         data["model"] = {"model_path": record.model_path}
-        data["prefill"] = {"parallel": {"tp_size": best["tp"]}, "memory": memory}
+        data["prefill"] = {"parallel": {"tp_size": best["tp"]}, "memory": dict(memory)}
         data["decode"] = {"parallel": {"tp_size": best["decode_tp"]}}
+    if record.enable_mixed_chunk:
+        data["schedule"] = {**data.get("schedule", {}), "enable_mixed_chunk": True}
     if getattr(hardware, "name", None) and hardware.name != "local":
         data["hardware"] = hardware.name
     body = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=110)

@@ -144,6 +144,7 @@ class DeploySearchJob:
     processes: int = 2                   # worker processes evaluating deployments
     top: int = 20                        # table rows printed
     format: str = "table"                # table | json
+    output_dir: Optional[str] = None     # where the outputs go (unset: outputs/<date>/<time>/)
 
 
 #: what job.objective may name, and which way is better
