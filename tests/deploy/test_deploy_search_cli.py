@@ -98,7 +98,8 @@ def test_a_decode_pool_that_cannot_hold_the_longest_request(tmp_path):
 
 
 def test_a_disaggregated_best_launches_as_xpyd(tmp_path):
-    r = search(tmp_path, "job.search.modes=[disagg]", "job.search.hicache_ratio=[2]", "job.format=json")
+    r = run("job=deploy_search", *SMALL, "job.sla.ttft_ms=10000", "job.sla.tpot_ms=60", "job.output_dir=search",
+            "job.search.modes=[disagg]", "job.search.hicache_ratio=[2]", "job.format=json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     best = json.loads(r.stdout)["best"]
     assert best["mode"] == "disagg"
