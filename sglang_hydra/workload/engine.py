@@ -30,6 +30,12 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+def _heads(queue: deque):
+    """The head of ``queue`` again and again (the caller pops what it takes; stops when empty)."""
+    while queue:
+        yield queue[0]
+
+
 __all__ = ["SimRequest", "EngineSpec", "Engine", "ROLES", "SCHEDULE_POLICIES", "NEW_TOKEN_RATIO",
            "CLIP_MAX_NEW_TOKENS"]
 
@@ -49,7 +55,7 @@ class SimRequest:
                  "device_hit", "host_hit", "storage_hit", "storage_wait_s", "new_total", "done_new",
                  "computed_tokens", "decoded", "held", "reserve", "first_token_s", "finish_s",
                  "prefill_start_s", "prefill_end_s", "transfer_s", "join_step", "finish_step", "retractions",
-                 "engine", "decode_engine", "state", "itl_first_s", "admitted_once")
+                 "engine", "decode_engine", "state", "itl_first_s", "admitted_once", "hash_ids")
 
     def __init__(self, idx: int, arrival_s: float, input_len: int, output_len: int, keys, weights,
                  priority: int = 0):
@@ -81,6 +87,7 @@ class SimRequest:
         self.state = "new"
         self.itl_first_s = 0.0          # gap before the first decoded token (added to the ITL samples)
         self.admitted_once = False
+        self.hash_ids = ()
 
 
 @dataclass
@@ -144,6 +151,7 @@ class Engine:
         self.queue_peak = 0
         self.exposed_load_s = 0.0
         self.retracted_now = False
+        self._fresh: List[SimRequest] = []           # joined the decode batch since the last decode step
 
     # ------------------------------------------------------------------ load, as routers see it
     @property
@@ -200,11 +208,13 @@ class Engine:
         return total
 
     def _order_waiting(self) -> List[SimRequest]:
-        if self.spec.schedule_policy == "lpm" and self.cache is not None and len(self.waiting) > 1 \
-                and len(self.waiting) <= 128:          # SGLang falls back to fcfs above 128 waiting
-            peek = getattr(self.cache, "cached_prefix_pages", None)
-            if peek is not None:
-                return sorted(self.waiting, key=lambda s: -peek(s.keys, s.weights))
+        """``lpm``: longest cached prefix first (SGLang matches every waiting request against the
+        tree, which touches the matched nodes, and falls back to fcfs above 128 waiting)."""
+        if self.cache is not None and 1 < len(self.waiting) <= 128:
+            match = self.cache.match_prefix
+            self.clock += 1
+            clock = self.clock
+            return sorted(self.waiting, key=lambda s: -match(s.keys, clock, s.weights).length)
         return list(self.waiting)
 
     def _admit(self, s: SimRequest, now: float) -> None:
@@ -288,6 +298,7 @@ class Engine:
                 s.decoded = 0
                 s.state = "decode"
                 self.running[s.idx] = s
+                self._fresh.append(s)
                 self.kv_decode += s.input_len
                 s.finish_step = steps + s.output_len
                 heappush(self._finish_heap, (s.finish_step, s.idx, s))
@@ -299,13 +310,10 @@ class Engine:
         if not self.running:
             self.busy_until = None
             return None
-        t = now
-        while True:
-            t = self._decode_pass(t)
-            if t >= horizon or not self.running:
-                break
-            if (self.finished or self.retracted_now) and (self.waiting or self.prealloc):
-                break
+        t = self._decode_pass(now)
+        while self.running and t < horizon and not (
+                (self.finished or self.retracted_now) and (self.waiting or self.prealloc)):
+            t = self._decode_run(t, horizon)
         self.busy_until = t
         return t
 
@@ -330,14 +338,18 @@ class Engine:
             running = len(self.running) + len(batch)
             reserved = self._reserved()
             pool = spec.pool_tokens
-            for w in self._order_waiting():
+            lpm = spec.schedule_policy == "lpm"
+            for w in (self._order_waiting() if lpm else _heads(self.waiting)):
                 if running >= spec.max_running:
                     break
                 need = w.input_len + w.decoded
                 if self.used + reserved + need + w.reserve > pool and (
                         running or self.used + need > pool):    # alone, only the prompt must fit
                     break
-                self.waiting.remove(w)
+                if lpm:
+                    self.waiting.remove(w)
+                else:
+                    self.waiting.popleft()
                 self._admit(w, now)
                 reserved += w.reserve
                 running += 1
@@ -394,6 +406,7 @@ class Engine:
             r.state = "decode"
             r.itl_first_s = end
             self.running[r.idx] = r
+            self._fresh.append(r)
             self.kv_decode += r.input_len + r.decoded
             r.finish_step = self.steps + (r.output_len - r.decoded)
             heappush(self._finish_heap, (r.finish_step, r.idx, r))
@@ -406,6 +419,61 @@ class Engine:
         self.used -= s.held
         s.held = 0
         self.finished.append(s)
+
+    def _decode_run(self, now: float, horizon: float) -> float:
+        """Several decode passes of an unchanging batch at once (until the next finish, the
+        pool's edge or ``horizon``).  Pass times are summed in closed form where the pass model
+        is linear in the KV read over the run (checked at its middle), else one pass is taken."""
+        n = len(self.running)
+        k = self._finish_heap[0][0] - self.steps if self._finish_heap else 1
+        room = self.spec.pool_tokens - self.used
+        if room // n < k:
+            k = room // n
+        step_s = self._step_s
+        kv = self.kv_decode
+        while k > 2:
+            a = step_s(0, 0, n, kv)
+            z = step_s(0, 0, n, kv + (k - 1) * n)
+            slope = (z - a) / (k - 1)
+            h = k // 2
+            mid = step_s(0, 0, n, kv + h * n)
+            if abs(mid - (a + slope * h)) <= 1e-9 * mid + 1e-12:
+                break
+            k = h
+        if k <= 2:
+            return self._decode_pass(now)
+        # passes j = 0..k-1 last a + slope * j; stop at the first pass that ends at or after horizon
+        j = k
+        if horizon < INF:
+            lo, hi = 1, k
+            while lo < hi:
+                m = (lo + hi) // 2
+                if now + a * m + slope * m * (m - 1) / 2 >= horizon:
+                    hi = m
+                else:
+                    lo = m + 1
+            j = lo
+        total = a * j + slope * j * (j - 1) / 2
+        end = now + total
+        self.passes += j
+        self.decode_passes += j
+        self.busy_s += total
+        self.batch_seq_sum += n * j
+        # ITL: every request waited a + slope * i at pass i (two samples stand for the run)
+        if self.last_decode_end is not None:
+            self.itl_gaps.append(now - self.last_decode_end + a)
+            self.itl_weights.append(n)
+        if j > 1:
+            self.itl_gaps.append(a + slope * (j - 1) / 4)
+            self.itl_weights.append(n * (j - 1) // 2 or 1)
+            self.itl_gaps.append(a + slope * 3 * (j - 1) / 4)
+            self.itl_weights.append(n * (j - 1) - (n * (j - 1) // 2 or 1))
+        self.last_decode_end = end
+        self.steps += j
+        self.kv_decode += n * j
+        self.used += n * j
+        self._pop_finished(end)
+        return end
 
     def _decode_pass(self, now: float) -> float:
         self.retracted_now = self._retract_for(len(self.running), now)
@@ -426,15 +494,17 @@ class Engine:
         # the ones that joined since then waited since their first token
         prev = self.last_decode_end
         fresh = 0
-        for s in self.running.values():
-            if s.join_step == steps and s.itl_first_s:
-                self.itl_gaps.append(end - s.itl_first_s)
-                self.itl_weights.append(1)
-                s.itl_first_s = 0.0
+        if self._fresh:
+            for s in self._fresh:
+                if s.state != "decode" or self.running.get(s.idx) is not s:
+                    continue
                 fresh += 1
-            elif s.join_step == steps and self.role == "decode":
-                s.first_token_s = end      # PD: the first decode step yields the first token
-                fresh += 1
+                if self.role == "decode":
+                    s.first_token_s = end      # PD: the first decode step yields the first token
+                else:
+                    self.itl_gaps.append(end - s.itl_first_s)
+                    self.itl_weights.append(1)
+            self._fresh = []
         cont = n - fresh
         if cont > 0 and prev is not None:
             self.itl_gaps.append(end - prev)
@@ -443,6 +513,10 @@ class Engine:
         self.steps = steps = steps + 1
         self.kv_decode += n
         self.used += n
+        self._pop_finished(end)
+
+    def _pop_finished(self, end: float) -> None:
+        steps = self.steps
         heap = self._finish_heap
         while heap and heap[0][0] <= steps:
             fs, _, s = heappop(heap)
