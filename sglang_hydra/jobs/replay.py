@@ -74,15 +74,17 @@ def make_timeline(record, hardware) -> Tuple[Any, Optional[str]]:
     except ValueError as exc:
         name = getattr(hardware, "name", None) or (hardware.get("name") if isinstance(hardware, dict) else "?")
         get = (lambda f: hardware.get(f)) if isinstance(hardware, dict) else (lambda f: getattr(hardware, f, None))
-        missing = [f for f in ("bf16_tflops", "prefill_efficiency", "hbm_bandwidth_gbps", "h2d_gbps") if not get(f)]
+        missing = [f for f in ("bf16_tflops", "hbm_bandwidth_gbps", "h2d_gbps") if not get(f)]
         what = f"has no {', '.join(missing)}" if missing else f"has unusable figures ({exc})"
         return None, (f"hardware '{name}' {what}; choose a preset such as hardware=h100_80gb, "
                       "or measure this GPU with job=calibrate")
     try:
         model = ModelShape.from_record(record)
+        from ..perf import PassModel
+        passes = PassModel.from_record(record, hardware)
     except ValueError as exc:
         return None, str(exc)
-    return PrefillTimeline(hw, model, chunk_tokens=default_chunk_tokens(record, hw)), None
+    return PrefillTimeline(hw, model, chunk_tokens=default_chunk_tokens(record, hw), pass_model=passes), None
 
 
 def _per_request_device_hits(record, reqs, hit_pages: List[int]) -> List[int]:

@@ -191,7 +191,9 @@ def test_replay_job_times_the_metadata_replay_hits_with_the_timeline(tmp_path):
 
     reqs = load_trace(None).requests[:300]
     hits = replay(record, reqs, keep_per_request=True).per_request_hit_pages
-    t = PrefillTimeline(composed.hardware, ModelShape.from_record(record), chunk_tokens=8192)
+    from sglang_hydra.perf import PassModel
+    t = PrefillTimeline(composed.hardware, ModelShape.from_record(record), chunk_tokens=8192,
+                        pass_model=PassModel.from_record(record, composed.hardware))
     for r, k in zip(reqs, hits):
         t.serve(r.timestamp * 3 / 1000, r.input_length, min(k * 512, r.input_length), 0, 0)
     assert metrics["ttft_p90_ms"] == pytest.approx(t.summary()["ttft_p90_ms"])
