@@ -270,7 +270,7 @@ def _unloaded_ttft(s: SimRequest, spec: EngineSpec, decode: Optional[EngineSpec]
     first = None
     while done < new:
         n = min(chunk, new - done)
-        d = pm.step_s(n, pairs_of(cached + done, n), 0, 0)
+        d = pm.step_s(n, pairs_of(cached + done, n), 0, 0, 1)
         if first is None:
             first = d
         t += d
@@ -280,7 +280,7 @@ def _unloaded_ttft(s: SimRequest, spec: EngineSpec, decode: Optional[EngineSpec]
     if decode is not None:
         if lk is not None:
             t += lk.seconds(s.input_len * kv_bytes)
-        t += decode.pass_model.step_s(0, 0, 1, s.input_len)
+        t += decode.pass_model.step_s(1, 0, 1, s.input_len)
     return t
 
 

@@ -21,7 +21,8 @@ pass the way SGLang's ``get_next_batch_to_run`` chooses it and returns when it e
 
 Decode passes between two outside events (an arrival, a finish that lets a waiting request in)
 are run in one call, so the loop stays cheap on long decodes.  Every pass is timed by the pass
-model (``step_s(new_tokens, prefill_attn_pairs, decode_seqs, decode_kv_tokens)``).
+model (:meth:`~sglang_hydra.perf.pass_time.PassModel.step_s`: tokens computed, causal attention
+pairs of the prefill part, decode sequences and their KV, prefill sequences).
 """
 from __future__ import annotations
 
@@ -369,7 +370,7 @@ class Engine:
             pairs += pairs_of(cached, n)
         mixed = spec.mixed_chunk and self.role == "agg" and self.running
         dseqs = len(self.running) if mixed else 0
-        compute = self._step_s(new_tokens, pairs, dseqs, self.kv_decode if mixed else 0)
+        compute = self._step_s(new_tokens + dseqs, pairs, dseqs, self.kv_decode if mixed else 0, len(batch))
         load = 0.0
         for r, n in batch:
             if r.done_new == 0 and r.retractions == 0 and (r.host_hit or r.storage_hit or r.storage_wait_s):
@@ -432,11 +433,11 @@ class Engine:
         step_s = self._step_s
         kv = self.kv_decode
         while k > 2:
-            a = step_s(0, 0, n, kv)
-            z = step_s(0, 0, n, kv + (k - 1) * n)
+            a = step_s(n, 0, n, kv)
+            z = step_s(n, 0, n, kv + (k - 1) * n)
             slope = (z - a) / (k - 1)
             h = k // 2
-            mid = step_s(0, 0, n, kv + h * n)
+            mid = step_s(n, 0, n, kv + h * n)
             if abs(mid - (a + slope * h)) <= 1e-9 * mid + 1e-12:
                 break
             k = h
@@ -478,7 +479,7 @@ class Engine:
     def _decode_pass(self, now: float) -> float:
         self.retracted_now = self._retract_for(len(self.running), now)
         n = len(self.running)
-        d = self._step_s(0, 0, n, self.kv_decode)
+        d = self._step_s(n, 0, n, self.kv_decode)
         end = now + d
         self.passes += 1
         self.decode_passes += 1
