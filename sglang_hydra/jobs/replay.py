@@ -48,7 +48,9 @@ NOT_MODELLED_ALWAYS = [
 def _cached_trace(path, on_bad_line: str):
     """Sweep points in one process (basic launcher, Optuna) parse the same trace once."""
     from pathlib import Path
-    from ..workload.trace import load_trace
+    from ..workload.trace import load_trace, trace_path
+    if path:
+        path = trace_path(str(path))      # a bundled trace's name -> its file
     key = (str(path), on_bad_line)
     try:
         st = Path(path).stat() if path else None

@@ -124,7 +124,7 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
     else:
         front, back = model.groups["prefill"], model.groups["decode"]
         f_servers, f_engines, nxt = _build_side(front, rng, 0)
-        b_servers, b_engines, _ = _build_side(back, rng, nxt)
+        b_servers, b_engines, _ = _build_side(back, random.Random(seed + 3), nxt)
         all_engines = {"prefill": f_engines, "decode": b_engines}
         d_router = Router(back.servers, model.router_policy, random.Random(seed + 2))
     f_router = Router(front.servers, model.router_policy, random.Random(seed + 1))
@@ -192,6 +192,30 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
         while de.prealloc and de.fits_decode(de.prealloc[0]):
             start_transfer(de.prealloc.popleft(), de, now)
 
+    # Routing that reads no engine state (one server or a stateless router policy, and stateless
+    # DP dispatch) is decided up front, so each engine knows its own next arrival and runs its
+    # decode passes up to it instead of stopping at every arrival of the deployment.
+    stateless = (f_router.n == 1 or f_router.policy in ("random", "round_robin")) and all(
+        len(d.engines) == 1 or d.method in ("round_robin", "follow_bootstrap_room") for d in f_servers)
+    routed: Dict[int, Engine] = {}
+    own_arrivals: Dict[int, List[float]] = {}
+    if stateless:
+        for i in order:
+            s = sims[i]
+            si = f_router.pick(s, s.arrival_s)
+            server_of[i] = si
+            if back is not None:
+                dserver_of[i] = d_router.pick(s, s.arrival_s)
+            e = f_servers[si].pick(s)
+            routed[i] = e
+            own_arrivals.setdefault(id(e), []).append(s.arrival_s)
+        own_next = {k: 0 for k in own_arrivals}
+
+    def next_own(e: Engine) -> float:
+        lst = own_arrivals.get(id(e))
+        k = own_next.get(id(e), 0) if lst else 0
+        return lst[k] if lst and k < len(lst) else INF
+
     n = len(order)
     ai = 0
     while True:
@@ -204,14 +228,20 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
             s = sims[order[ai]]
             ai += 1
             now = ta
-            si = f_router.pick(s, now)
-            server_of[s.idx] = si
-            if back is not None:
-                dserver_of[s.idx] = d_router.pick(s, now)
-            e = f_servers[si].pick(s)
+            if stateless:
+                e = routed[s.idx]
+                own_next[id(e)] += 1
+                horizon = next_own(e)
+            else:
+                si = f_router.pick(s, now)
+                server_of[s.idx] = si
+                if back is not None:
+                    dserver_of[s.idx] = d_router.pick(s, now)
+                e = f_servers[si].pick(s)
+                horizon = arrivals[order[ai]] if ai < n else INF
             e.enqueue(s, now)
             if e.busy_until is None:
-                kick(e, now, arrivals[order[ai]] if ai < n else INF)
+                kick(e, now, horizon)
             continue
         now, _, kind, e, payload = heappop(heap)
         nxt_arrival = arrivals[order[ai]] if ai < n else INF
@@ -235,7 +265,10 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
                     de.prealloc.append(s)
             if e.role == "decode" and e.prealloc:
                 admit_prealloc(e, now)
-            horizon = nxt_arrival if e.role == "agg" else min(nxt_arrival, heap[0][0] if heap else INF)
+            if e.role == "agg":
+                horizon = next_own(e) if stateless else nxt_arrival
+            else:
+                horizon = min(nxt_arrival, heap[0][0] if heap else INF)
             kick(e, now, horizon)
         else:                                  # XFER: the KV has landed on decode engine e
             e.join_transferred(payload)

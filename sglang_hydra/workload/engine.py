@@ -37,10 +37,12 @@ def _heads(queue: deque):
         yield queue[0]
 
 
-__all__ = ["SimRequest", "EngineSpec", "Engine", "ROLES", "SCHEDULE_POLICIES", "NEW_TOKEN_RATIO",
+__all__ = ["SimRequest", "EngineSpec", "Engine", "ROLES", "ITL_BIN_S", "SCHEDULE_POLICIES", "NEW_TOKEN_RATIO",
            "CLIP_MAX_NEW_TOKENS"]
 
 ROLES = ("agg", "prefill", "decode")
+#: resolution of the inter-token latency histogram (seconds)
+ITL_BIN_S = 1e-5
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 #: SGLang 0.5.23's initial new-token ratio (SGLANG_INIT_NEW_TOKEN_RATIO); held constant here
 NEW_TOKEN_RATIO = 0.7
@@ -146,8 +148,7 @@ class Engine:
         self.prefill_passes = 0
         self.decode_passes = 0
         self.retracted = 0
-        self.itl_gaps: List[float] = []
-        self.itl_weights: List[int] = []
+        self.itl_hist: Dict[int, int] = {}           # inter-token gap (units of ITL_BIN_S) -> tokens
         self.batch_seq_sum = 0
         self.queue_peak = 0
         self.exposed_load_s = 0.0
@@ -462,13 +463,11 @@ class Engine:
         self.batch_seq_sum += n * j
         # ITL: every request waited a + slope * i at pass i (two samples stand for the run)
         if self.last_decode_end is not None:
-            self.itl_gaps.append(now - self.last_decode_end + a)
-            self.itl_weights.append(n)
+            self._itl(now - self.last_decode_end + a, n)
         if j > 1:
-            self.itl_gaps.append(a + slope * (j - 1) / 4)
-            self.itl_weights.append(n * (j - 1) // 2 or 1)
-            self.itl_gaps.append(a + slope * 3 * (j - 1) / 4)
-            self.itl_weights.append(n * (j - 1) - (n * (j - 1) // 2 or 1))
+            half = n * (j - 1) // 2 or 1
+            self._itl(a + slope * (j - 1) / 4, half)
+            self._itl(a + slope * 3 * (j - 1) / 4, n * (j - 1) - half)
         self.last_decode_end = end
         self.steps += j
         self.kv_decode += n * j
@@ -503,18 +502,22 @@ class Engine:
                 if self.role == "decode":
                     s.first_token_s = end      # PD: the first decode step yields the first token
                 else:
-                    self.itl_gaps.append(end - s.itl_first_s)
-                    self.itl_weights.append(1)
+                    self._itl(end - s.itl_first_s, 1)
             self._fresh = []
         cont = n - fresh
         if cont > 0 and prev is not None:
-            self.itl_gaps.append(end - prev)
-            self.itl_weights.append(cont)
+            self._itl(end - prev, cont)
         self.last_decode_end = end
         self.steps = steps = steps + 1
         self.kv_decode += n
         self.used += n
         self._pop_finished(end)
+
+    def _itl(self, gap: float, tokens: int) -> None:
+        if tokens > 0:
+            b = int(gap / ITL_BIN_S + 0.5)
+            h = self.itl_hist
+            h[b] = h.get(b, 0) + tokens
 
     def _pop_finished(self, end: float) -> None:
         steps = self.steps

@@ -162,8 +162,13 @@ def summarize_simulation(result, *, sla_ttft_ms: float, sla_tpot_ms: float) -> d
     per_user = [(s.output_len - 1) / (s.finish_s - s.first_token_s) for s in done
                 if s.output_len > 1 and s.finish_s > s.first_token_s]
     engines = [e for group in result.engines.values() for e in group]
-    itl_v = [g for e in engines for g in e.itl_gaps]
-    itl_w = [w for e in engines for w in e.itl_weights]
+    from .engine import ITL_BIN_S
+    hist: Dict[int, int] = {}
+    for e in engines:
+        for b, w in e.itl_hist.items():
+            hist[b] = hist.get(b, 0) + w
+    itl_v = [b * ITL_BIN_S for b in hist]
+    itl_w = list(hist.values())
     latency = {}
     latency.update(_pcts(ttft, "ttft"))
     latency.update({k.replace("ttft_", "ttft_unloaded_"): v for k, v in _pcts(result.unloaded_ttft_s, "ttft").items()})
