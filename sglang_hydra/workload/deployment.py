@@ -150,7 +150,7 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
     links: Dict[Tuple[int, int], KVLink] = {}
     link_free: Dict[int, float] = {}
     events = 0
-    STEP, XFER = 0, 1
+    STEP, XFER, START = 0, 1, 2
     kv_bytes = back.spec.kv_bytes_per_token if back is not None else 0.0
     bar = None
     if progress:
@@ -161,6 +161,7 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
         nonlocal seq
         end = e.step(now, horizon)
         if end is None:
+            e.busy_until = None
             return
         seq += 1
         heappush(heap, (end, seq, STEP, e, (e.finished, e.prefilled)))
@@ -241,7 +242,11 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
                 horizon = arrivals[order[ai]] if ai < n else INF
             e.enqueue(s, now)
             if e.busy_until is None:
-                kick(e, now, horizon)
+                # start after every arrival of this instant has joined the queue (one batch, as
+                # SGLang's scheduler receives what arrived together)
+                e.busy_until = now
+                seq += 1
+                heappush(heap, (now, seq, START, e, None))
             continue
         now, _, kind, e, payload = heappop(heap)
         nxt_arrival = arrivals[order[ai]] if ai < n else INF
@@ -270,6 +275,11 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
             else:
                 horizon = min(nxt_arrival, heap[0][0] if heap else INF)
             kick(e, now, horizon)
+        elif kind == START:
+            if e.role == "agg":
+                kick(e, now, next_own(e) if stateless else nxt_arrival)
+            else:
+                kick(e, now, min(nxt_arrival, heap[0][0] if heap else INF))
         else:                                  # XFER: the KV has landed on decode engine e
             e.join_transferred(payload)
             if e.busy_until is None:
