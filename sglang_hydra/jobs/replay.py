@@ -256,7 +256,9 @@ def run(target, job: dict, ctx: JobContext) -> float:
     except MemorySetupError as exc:
         raise ConfigError(exc.problems) from None
     except PassModelError as exc:
-        raise ConfigError([_problem_from(str(exc))]) from None
+        import re
+        parts = re.split(r"; (?=(?:hardware|model|parallel|schedule)\.)", str(exc))
+        raise ConfigError([_problem_from(part) for part in parts if part]) from None
     except ValueError as exc:
         raise ConfigError([_problem_from(str(exc))]) from None
     try:
@@ -298,7 +300,8 @@ def run(target, job: dict, ctx: JobContext) -> float:
                         "objective_value": float(value) if value is not None else float("nan")}
     from ..workload.metrics import flatten_metrics
     flatten_metrics(doc)        # the leaf names stay unique (raises otherwise: a bug, not an input)
-    text = json.dumps(_ordered(doc, SCHEMA_VERSION), indent=2, default=str)
+    doc = _ordered(doc, SCHEMA_VERSION)
+    text = json.dumps(doc, indent=2, default=str)
     ctx.write_text("replay.json", text)
     ctx.write_text("metrics.json", text)
     _print(doc, job, ctx)
@@ -310,10 +313,13 @@ def run(target, job: dict, ctx: JobContext) -> float:
 
 
 def _problem_from(message: str) -> Problem:
-    """A ValueError of the simulation's layers as a problem naming its key when it starts with one."""
+    """A ValueError of the simulation's layers as a problem naming its key when it starts with one
+    (``hardware.nic_gbps is not set ...`` -> key ``hardware.nic_gbps``, message the rest)."""
     head = message.split("=", 1)[0].split(" ", 1)[0]
-    key = head if "." in head and " " not in head else "replay"
-    return Problem(key, None, message, "replay")
+    if "." in head and head.split(".", 1)[0].isidentifier():
+        rest = message[len(head):].lstrip()
+        return Problem(head, None, rest if rest and not rest.startswith("=") else message, "replay")
+    return Problem("replay", None, message, "replay")
 
 
 def _reasons_text(reasons: Dict[str, int]) -> str:
