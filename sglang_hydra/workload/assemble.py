@@ -22,10 +22,22 @@ from .engine import SCHEDULE_POLICIES, EngineSpec
 from .router import ROUTER_POLICIES, effective_load_balance
 from .transfer import TRANSFER_BACKENDS
 
-__all__ = ["CACHE_MODES", "DeploymentInputs", "build_deployment", "default_chunk_tokens", "MODELLED_FIELDS",
+__all__ = ["CACHE_MODES", "TIER_COUNT_KEYS", "DeploymentInputs", "build_deployment", "default_chunk_tokens", "MODELLED_FIELDS",
            "context_limit", "default_max_running"]
 
 CACHE_MODES = ("metadata", "sim", "full")
+#: the per-tier page counts the counting and the real-bytes movers must agree on
+TIER_COUNT_KEYS = (
+    "device_hit_pages", "host_hit_pages", "storage_hit_pages", "miss_pages",
+    "host_written_pages", "host_write_failed_pages", "storage_written_pages", "storage_write_skipped_pages",
+    "device_evicted_pages", "device_demoted_pages", "device_dropped_pages",
+    "host_evicted_pages", "host_reclaimed_pages", "host_dropped_pages",
+    "load_back_pages", "load_back_skipped", "recomputed_pages", "device_truncated_pages",
+    "prefetch_issued", "prefetch_issued_pages", "prefetch_used_pages", "prefetch_dropped_pages",
+    "prefetch_present_pages", "prefetch_below_threshold", "prefetch_rate_limited",
+    "prefetch_no_host_space", "prefetch_completed", "prefetch_terminated",
+    "prefetch_retries", "prefetch_retry_issued", "prefetch_retry_pages", "scheduling_passes",
+)
 GB = 1e9
 #: record fields the simulation reads (every other server setting leaves its answer unchanged)
 MODELLED_FIELDS = frozenset({
@@ -99,6 +111,7 @@ class DeploymentInputs:
     cache_mode: str = "sim"
     cache_semantics: str = "rules"
     policy: Optional[str] = None        # job.policy: an eviction policy overriding the record's
+    policy_config: Optional[dict] = None  # its config (with ``policy``)
     storage: Any = None                 # full mode: a storage backend object (tests)
     verify: bool = True                 # full mode: check every page loaded
 
@@ -131,7 +144,8 @@ def _pass_model(record, hardware):
 
 
 def _cache_factory(record, hardware, *, mode: str, pool_tokens: int, host_tokens_cap: Optional[int], plan,
-                   gpus: int, semantics: str, policy: Optional[str], storage, verify, built: BuiltDeployment,
+                   gpus: int, semantics: str, policy: Optional[str], policy_config, storage, verify,
+                   built: BuiltDeployment,
                    role: str):
     """A function making one engine's cache (None: the engine has no prefix cache)."""
     from ..cache.movers import CountingMover
@@ -146,7 +160,7 @@ def _cache_factory(record, hardware, *, mode: str, pool_tokens: int, host_tokens
         return None, {}
     ps = int(_get(record, "page_size") or 1)
     pol_name = policy or _get(record, "radix_eviction_policy") or "lru"
-    pol_cfg = None if policy else _get(record, "radix_eviction_policy_config")
+    pol_cfg = policy_config if policy else _get(record, "radix_eviction_policy_config")
     get_policy_info(pol_name)
     hierarchical = bool(_get(record, "enable_hierarchical_cache", False)) and mode != "metadata"
     backend = _get(record, "hicache_storage_backend") if hierarchical else None
@@ -185,7 +199,12 @@ def _cache_factory(record, hardware, *, mode: str, pool_tokens: int, host_tokens
         from ..memory import build_memory
 
         def make_full():
-            memory = build_memory(record)
+            # the pools live on this machine (the target only times the passes); a host memory the
+            # target states (hardware.host_memory_gb=16) still bounds the host pool
+            from ..config.hardware import compose_hardware
+            stated = _get(hardware, "host_memory_gb")
+            local, _ = compose_hardware("local", [("host_memory_gb", stated, "hardware.host_memory_gb")] if stated else [])
+            memory = build_memory(record, hardware=local)
             built.closers.append(memory.close)
             st = storage
             if st is None and backend:
@@ -226,6 +245,7 @@ def _side(record, hardware, *, role: str, servers: int, inp: DeploymentInputs, b
     make_cache, cache_info = _cache_factory(record, hardware, mode=inp.cache_mode, pool_tokens=pool,
                                             host_tokens_cap=host_cap, plan=plan, gpus=tp,
                                             semantics=inp.cache_semantics, policy=inp.policy,
+                                            policy_config=inp.policy_config,
                                             storage=inp.storage, verify=inp.verify, built=built, role=role)
     spec = EngineSpec(
         pass_model=pm, pool_tokens=pool, max_running=default_max_running(record, pool),

@@ -115,6 +115,11 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
     if model.mode not in ("agg", "disagg"):
         raise ValueError(f"deployment mode must be agg or disagg, got {model.mode!r}")
     rng = random.Random(seed)
+    smallest = min(g.spec.pool_tokens for g in model.groups.values())
+    too_long = sum(1 for r in requests if r.input_length + 1 > smallest)
+    if too_long:
+        raise ValueError(f"{too_long} request(s) can never fit the KV pool of {smallest:,} tokens; "
+                         "reject them first (the replay job counts them as rejected_requests)")
     arrivals = arrival_times([r.timestamp for r in requests], how=arrival, time_scale=time_scale, seed=seed)
     if model.mode == "agg":
         front = model.groups["agg"]

@@ -137,7 +137,7 @@ class Engine:
         self.used = 0                                # KV tokens held by admitted requests
         self.kv_decode = 0                           # context tokens of the decoding requests
         self.busy_until: Optional[float] = None
-        self.clock = 0                               # cache admission counter (logical clock)
+        self.clock = 0                               # cache admissions so far (the tree's logical clock)
         self.last_decode_end: Optional[float] = None
         # outputs of the last step() call, collected by the loop
         self.finished: List[SimRequest] = []
@@ -225,8 +225,8 @@ class Engine:
         extra = s.decoded          # a retracted request recomputes its generated tokens too
         d = h = a = 0
         if self.cache is not None:
-            self.clock += 1
             adm = self.cache.admit(s.idx, clock=self.clock, priority=s.priority, now_s=now)
+            self.clock += 1
             ps = self.cache.page_size
             d = min(adm.device_pages * ps, length)
             h = min((adm.device_pages + adm.host_pages) * ps, length)
