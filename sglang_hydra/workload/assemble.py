@@ -203,6 +203,11 @@ def _cache_factory(record, hardware, *, mode: str, pool_tokens: int, host_tokens
             # target states (hardware.host_memory_gb=16) still bounds the host pool
             from ..config.hardware import compose_hardware
             stated = _get(hardware, "host_memory_gb")
+            name = _get(hardware, "name")
+            if stated and name and name != "local":
+                preset, _ = compose_hardware(name)
+                if preset.host_memory_gb == stated:
+                    stated = None        # the preset's own node, not a figure for this machine
             local, _ = compose_hardware("local", [("host_memory_gb", stated, "hardware.host_memory_gb")] if stated else [])
             memory = build_memory(record, hardware=local)
             built.closers.append(memory.close)
