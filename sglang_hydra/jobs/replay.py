@@ -237,9 +237,13 @@ def run(target, job: dict, ctx: JobContext) -> float:
     if hardware is None:
         problems.append(Problem("hardware", None, "job=replay times every pass on a target GPU; choose one, "
                                 "e.g. hardware=h100_80gb", "replay"))
+    requests = None
+    try:
+        requests = load_requests(job)
+    except ConfigError as err:          # reported with the other problems, all at once
+        problems.extend(err.problems)
     if problems:
         raise ConfigError(problems)
-    requests = load_requests(job)
     reqs = list(getattr(requests, "requests", requests))
     if job.get("max_requests") is not None:
         if int(job["max_requests"]) < 0:

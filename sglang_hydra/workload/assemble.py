@@ -263,12 +263,20 @@ def _side(record, hardware, *, role: str, servers: int, inp: DeploymentInputs, b
                              if _get(hardware, "storage_read_gbps") else None))
     lb = effective_load_balance(_get(record, "load_balance_method"), role if role != "agg" else "null")
     host_pages = cache_info.get("host_pages", 0)
+    ps_ = int(_get(record, "page_size") or 1)
+    # host KV memory the server books (the plan's tokens, capped by the node share), whatever the
+    # cache mode simulates: job.mode=metadata leaves the tier out of the hits, not out of the memory
+    host_tokens = 0
+    if _get(record, "enable_hierarchical_cache", False) and not (role == "decode" and not cache_info):
+        host_tokens = int(getattr(plan, "host_tokens", 0) or 0)
+        if host_cap is not None:
+            host_tokens = min(host_tokens, (host_cap // ps_) * ps_)
     built.sides[role] = {
         "servers": servers, "dp_size": dp, "tp_size": tp, "gpus": servers * dp * tp, "load_balance_method": lb,
         "kv_pool_tokens": pool, "max_running_requests": spec.max_running, "chunk_tokens": spec.chunk_tokens,
         "max_prefill_tokens": spec.max_prefill_tokens, "schedule_policy": policy, "mixed_chunk": spec.mixed_chunk,
-        "host_kv_tokens": host_pages * cache_info.get("page_size", 1),
-        "host_kv_bytes_per_engine": host_pages * cache_info.get("page_bytes", 0) * tp,
+        "host_kv_tokens": host_pages * ps_ if host_pages else host_tokens,
+        "host_kv_bytes_per_engine": host_tokens * int(geo.bytes_per_token) * tp,
         "host_tokens_node_share_cap": host_cap, "plan_host_pages": int(getattr(plan, "host_pages", 0) or 0),
         "weights_gb_per_gpu": pm.weight_bytes_per_gpu / GB, "cache": cache_info, "record": record,
     }
