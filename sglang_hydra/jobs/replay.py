@@ -488,9 +488,12 @@ def _print(doc: Dict[str, Any], job: dict, ctx: JobContext) -> None:
     obj = doc["objective"]
     if ctx.multirun:
         rej = f" rejected={req['rejected_requests']}" if req["rejected_requests"] else ""
-        print(f"{obj['objective']}={obj['objective_value']:.6g} ttft_p90_ms={lat['ttft_p90_ms']:.1f} "
-              f"tpot_p90_ms={lat['tpot_p90_ms']:.2f} tokens_per_s_per_gpu={thr['tokens_per_s_per_gpu']:.1f} "
-              f"token_hit_rate={cache['token_hit_rate']:.4f} status={doc['status']}{rej}")
+        shown = {"ttft_p90_ms": f"{lat['ttft_p90_ms']:.1f}", "tpot_p90_ms": f"{lat['tpot_p90_ms']:.2f}",
+                 "tokens_per_s_per_gpu": f"{thr['tokens_per_s_per_gpu']:.1f}",
+                 "token_hit_rate": f"{cache['token_hit_rate']:.4f}"}
+        shown.pop(obj["objective"], None)
+        print(f"{obj['objective']}={obj['objective_value']:.6g} " + " ".join(f"{k}={v}" for k, v in shown.items())
+              + f" status={doc['status']}{rej}")
         for line in doc["not_modelled"][:len(doc["not_modelled"]) - len(NOT_MODELLED_ALWAYS)]:
             print(f"warning: {line}", file=sys.stderr)
         if doc["status"] in ("saturated", "rejected"):
