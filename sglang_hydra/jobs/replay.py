@@ -208,6 +208,30 @@ def not_modelled(overrides: Dict[str, str], job: dict) -> List[str]:
 
 # --------------------------------------------------------------------------- the job
 def run(target, job: dict, ctx: JobContext) -> float:
+    """The job: :func:`evaluate`, then ``replay.json`` / ``metrics.json``, the terminal, the exit."""
+    doc = evaluate(target, job, ctx)
+    text = json.dumps(doc, indent=2, default=str)
+    ctx.write_text("replay.json", text)
+    ctx.write_text("metrics.json", text)
+    _print(doc, job, ctx)
+    status, reason = doc["status"], doc["status_reason"]
+    value = doc["objective"]["objective_value"]
+    if status == "infeasible" and not ctx.multirun:
+        raise ConfigError([Problem("job.max_host_memory_gb", None, reason, "constraint")])
+    if status != "ok" and not ctx.multirun and job.get("format") != "json":
+        print(f"note: {reason}", file=sys.stderr)
+    return float(value) if status in ("ok", "rejected") and value == value else float("nan")
+
+
+def evaluate(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
+    """The metrics document (schema 2) of one deployment point, nothing written or printed.
+
+    ``target``: a resolved record (``deploy=single``) or anything with ``servers`` holding a
+    ``prefill`` and a ``decode`` server (``deploy=pd``); ``job``: the replay job's settings
+    (``ReplayJob`` fields as a dict); ``ctx``: ``hardware`` (the target GPU), ``deploy`` (the
+    ``deploy.*`` settings: ``workers``, ``prefill_workers``, ``decode_workers``, ``router_policy``)
+    and ``overrides`` (listed under ``settings``; unmodelled ones under ``not_modelled``).
+    Bad input raises :class:`~sglang_hydra.config.errors.ConfigError`."""
     from ..perf.pass_time import PassModelError
     from ..workload.assemble import DeploymentInputs, build_deployment, context_limit
     from ..workload.deployment import simulate
@@ -304,16 +328,7 @@ def run(target, job: dict, ctx: JobContext) -> float:
                         "objective_value": float(value) if value is not None else float("nan")}
     from ..workload.metrics import flatten_metrics
     flatten_metrics(doc)        # the leaf names stay unique (raises otherwise: a bug, not an input)
-    doc = _ordered(doc, SCHEMA_VERSION)
-    text = json.dumps(doc, indent=2, default=str)
-    ctx.write_text("replay.json", text)
-    ctx.write_text("metrics.json", text)
-    _print(doc, job, ctx)
-    if status == "infeasible" and not ctx.multirun:
-        raise ConfigError([Problem("job.max_host_memory_gb", None, reason, "constraint")])
-    if status != "ok" and not ctx.multirun and job.get("format") != "json":
-        print(f"note: {reason}", file=sys.stderr)
-    return float(value) if status in ("ok", "rejected") and value is not None else float("nan")
+    return _ordered(doc, SCHEMA_VERSION)
 
 
 def _problem_from(message: str) -> Problem:
