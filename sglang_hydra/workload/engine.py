@@ -182,6 +182,8 @@ class Engine:
 
     def fits_decode(self, s: SimRequest) -> bool:
         """Decode role: does the pool hold this request's prompt and reserved output now?"""
+        if self.used == 0 and not self.running and not self.joining:
+            return s.input_len + 1 <= self.spec.pool_tokens      # alone, only the prompt must fit
         return self.used + self._reserved() + s.input_len + s.reserve <= self.spec.pool_tokens
 
     def hold_for_transfer(self, s: SimRequest) -> None:

@@ -159,3 +159,26 @@ def test_flatten_metrics_names_every_leaf_once():
     with pytest.raises(ValueError, match="twice"):
         flatten_metrics({"a": {"x": 1}, "b": {"x": 2}})
     assert weighted_quantile([1.0, 2.0], [9, 1], 0.9) == 1.0 and weighted_quantile([1.0, 2.0], [9, 1], 0.99) == 2.0
+
+
+def test_pd_decode_pool_admits_a_long_request_alone_and_queues_the_rest():
+    g_p = ServerGroup("prefill", spec(), load_balance="round_robin")
+    g_d = ServerGroup("decode", spec(pool_tokens=3000), load_balance="round_robin")
+    m = DeploymentModel("disagg", {"prefill": g_p, "decode": g_d}, router_policy="round_robin",
+                        transfer_backend="nixl", nvlink_gbps=450, nic_gbps=50, gpus_per_node=8)
+    # 2,500 prompt tokens + 0.7 x 2,000 reserved exceed the pool: admitted only alone, one after the other
+    r = simulate(m, [req(0, 2500, 2000), req(0, 2500, 2000)], arrival="as_is")
+    a, b = sorted(r.requests, key=lambda s: s.first_token_s)
+    assert a.finish_s is not None and b.finish_s is not None
+    assert b.first_token_s > a.finish_s                 # the second waited for the first to leave the pool
+    assert r.engines["decode"][0].used == 0
+
+
+def test_results_never_depend_on_the_wall_clock(monkeypatch):
+    import time as _time
+    reqs = [req(i * 100, 3000, 20) for i in range(30)]
+    a = simulate(agg(dp=2, lb="total_tokens"), reqs, seed=3)
+    monkeypatch.setattr(_time, "perf_counter", lambda: 12345.0)
+    b = simulate(agg(dp=2, lb="total_tokens"), reqs, seed=3)
+    assert [s.first_token_s for s in a.requests] == [s.first_token_s for s in b.requests]
+    assert [s.finish_s for s in a.requests] == [s.finish_s for s in b.requests]
