@@ -57,7 +57,7 @@ MODELLED_FIELDS = frozenset({
     "enable_hierarchical_cache", "hicache_ratio", "hicache_size", "hicache_write_policy",
     "hicache_host_memory_mode", "hicache_storage_backend", "hicache_storage_prefetch_policy",
     "hicache_storage_backend_extra_config", "hicache_storage_prefetch_retry_poll_interval",
-    "hicache_storage_prefetch_retry_max_attempts", "hicache_mem_layout", "hicache_io_backend",
+    "hicache_storage_prefetch_retry_max_attempts",
     # disaggregation
     "disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_decode_enable_radix_cache",
 })
