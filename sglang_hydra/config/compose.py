@@ -522,6 +522,10 @@ def _job_values(job_name: str, job_settings, problems: List[Problem]) -> Dict[st
     cls = spec.config_cls
     out = {f.name: (f.default_factory() if f.default_factory is not MISSING else f.default) for f in dc_fields(cls)}
     types = {f.name: f.type for f in dc_fields(cls)}
+    import dataclasses
+    groups = {k: v for k, v in out.items() if dataclasses.is_dataclass(v)}   # nested settings: job.sla.ttft_ms
+    for k, v in groups.items():
+        out[k] = dataclasses.asdict(v)
     for k, v, src in job_settings:
         if _nested_job_setting(job_name, cls, out, k, v, src, problems):
             continue

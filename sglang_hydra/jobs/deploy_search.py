@@ -326,10 +326,14 @@ def _trace(job: dict) -> Tuple[List[TraceRequest], str]:
     return reqs, str(trace.path)
 
 
-def _budget(target, hardware) -> Tuple[int, Optional[int], List[Problem]]:
-    settings = getattr(target, "settings", None)
+def _deploy_key(settings, key: str):
+    """A deploy key from DeploySettings or a plain mapping (a job context's ``deploy``)."""
+    return settings.get(key) if isinstance(settings, dict) else getattr(settings, key, None)
+
+
+def _budget(settings, hardware) -> Tuple[int, Optional[int], List[Problem]]:
     node = getattr(hardware, "gpus_per_node", None)
-    total = getattr(settings, "total_gpus", None) or node
+    total = _deploy_key(settings, "total_gpus") or node
     if not total:
         return 0, node, [Problem("deploy.total_gpus", None, f"is not set and hardware={getattr(hardware, 'name', 'local')} "
                                  f"does not say how many GPUs a node has; set deploy.total_gpus=N or choose a hardware "
@@ -342,9 +346,9 @@ def run(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
     hardware = getattr(target, "hardware", None) or ctx.hardware
     sla_cfg, space = _group(job, "sla"), _group(job, "search")
     problems = _settings_problems(job, sla_cfg, space)
-    total, node, budget_problems = _budget(target, hardware)
+    settings = getattr(target, "settings", None) or getattr(ctx, "deploy", None)
+    total, node, budget_problems = _budget(settings, hardware)
     problems += budget_problems
-    settings = getattr(target, "settings", None)
     if hardware is None or not getattr(hardware, "bf16_tflops", None):
         problems.append(Problem("hardware", None, "the search times every pass on a GPU model: choose a hardware "
                                 "preset (hardware=h100_80gb, h200_141gb, a100_80gb, l40s_48gb)", "deploy_search"))
@@ -367,7 +371,7 @@ def run(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
     requests, trace_name = _trace(job)
     sla = Sla(float(sla_cfg["ttft_ms"]), float(sla_cfg["tpot_ms"]), int(sla_cfg["percentile"]))
     engines = _Engines(record, hardware)
-    candidates = enumerate_candidates(total, node, space, getattr(settings, "router_policy", None))
+    candidates = enumerate_candidates(total, node, space, _deploy_key(settings, "router_policy"))
     longest = max(requests, key=lambda r: r.input_length + r.output_length)
     need = longest.input_length + longest.output_length
     fit, unfit = [], []

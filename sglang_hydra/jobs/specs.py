@@ -36,8 +36,16 @@ class SetupJob:
 
 
 @dataclass
+class SlaSettings:
+    """The latency targets a request must meet to count towards SLA goodput."""
+
+    ttft_ms: float = 2000.0              # time to first token
+    tpot_ms: float = 50.0                # time per output token after the first
+
+
+@dataclass
 class ReplayJob:
-    """Replay a request trace through the prefix cache the record configures."""
+    """Simulate the deployment the record (or deploy=pd) describes on a request trace."""
 
     name: str = "replay"
     trace: Optional[str] = None          # Mooncake JSONL; unset: the bundled sample
@@ -45,14 +53,17 @@ class ReplayJob:
     max_requests: Optional[int] = None
     mode: Optional[str] = None           # metadata | sim | full; unset: sim with HiCache, else metadata
     policy: Optional[str] = None         # replay-only policies (belady, fifo) override the record's
+    arrival: str = "spread"              # spread | as_is | poisson (docs/whatif.md)
+    sla: SlaSettings = field(default_factory=SlaSettings)
+    cache_semantics: str = "rules"       # rules | sglang: how the prefix cache stamps and evicts
     tail_threshold_tokens: int = 4096
     objective: str = "ttft_p90_ms"       # the value a sweep optimises (see OBJECTIVES)
     max_host_memory_gb: Optional[float] = None   # a budget: points above it are infeasible
-    time_scale: float = 1.0              # arrival times x this (2: the trace at half its request rate)
+    time_scale: float = 1.0              # arrival times x this (2: the trace at half its request rate); > 0
     on_bad_line: str = "fail"            # fail | skip
     format: str = "table"                # table | json
     progress: bool = True
-    seed: int = 0                        # synthetic workload
+    seed: int = 0                        # arrival spreading, routers' random choices, synthetic workload
     conversations: int = 200
     turns: int = 6
 
@@ -109,7 +120,7 @@ class CalibrateJob:
 
 # ---- job=deploy_search (the deployment search; sglang_hydra/jobs/deploy_search.py) ----
 @dataclass
-class SlaSettings:
+class SearchSlaSettings:
     """The service level a deployment must hold (job.sla.*)."""
 
     ttft_ms: Optional[float] = None      # time to first token bound, ms
@@ -138,7 +149,7 @@ class DeploySearchJob:
     trace: Optional[str] = None          # Mooncake JSONL or a bundled name; unset: the bundled sample
     max_requests: Optional[int] = None
     time_scale: float = 1.0              # arrival times x this
-    sla: SlaSettings = field(default_factory=SlaSettings)
+    sla: SearchSlaSettings = field(default_factory=SearchSlaSettings)
     search: DeploySearchSpace = field(default_factory=DeploySearchSpace)
     rate_search: bool = False            # per deployment, the highest request rate that meets the SLA
     processes: int = 2                   # worker processes evaluating deployments
@@ -147,11 +158,14 @@ class DeploySearchJob:
     output_dir: Optional[str] = None     # where the outputs go (unset: outputs/<date>/<time>/)
 
 
-#: what job.objective may name, and which way is better
+#: what job.objective may name (a leaf of metrics.json), and which way is better
 OBJECTIVES: Dict[str, str] = {
-    "ttft_p50_ms": "minimize", "ttft_p90_ms": "minimize", "ttft_p99_ms": "minimize",
-    "ttft_mean_ms": "minimize", "token_hit_rate": "maximize", "block_hit_rate": "maximize",
-    "prefill_throughput": "maximize", "host_memory_gb": "minimize",
+    "ttft_p50_ms": "minimize", "ttft_p90_ms": "minimize", "ttft_p99_ms": "minimize", "ttft_mean_ms": "minimize",
+    "tpot_p50_ms": "minimize", "tpot_p90_ms": "minimize", "tpot_p99_ms": "minimize",
+    "itl_p90_ms": "minimize", "e2e_p50_ms": "minimize", "e2e_p90_ms": "minimize", "e2e_p99_ms": "minimize",
+    "transfer_p90_ms": "minimize",
+    "tokens_per_s_per_gpu": "maximize", "tokens_per_s_per_user": "maximize", "goodput_rps_per_gpu": "maximize",
+    "requests_per_s": "maximize", "token_hit_rate": "maximize", "host_memory_gb": "minimize",
 }
 
 
@@ -190,7 +204,8 @@ JOB_SPECS: Dict[str, JobSpec] = {
     "setup": JobSpec(SetupJob, "sglang_hydra.jobs.setup:run", {"format": ("table", "json")}),
     "replay": JobSpec(ReplayJob, "sglang_hydra.jobs.replay:run", {
         "format": ("table", "json"), "on_bad_line": ("fail", "skip"), "workload": ("trace", "synthetic"),
-        "mode": (None, "metadata", "sim", "full"), "objective": tuple(OBJECTIVES)}),
+        "mode": (None, "metadata", "sim", "full"), "objective": tuple(OBJECTIVES),
+        "arrival": ("spread", "as_is", "poisson"), "cache_semantics": ("rules", "sglang")}),
     "calibrate": JobSpec(CalibrateJob, "sglang_hydra.jobs.calibrate:run", {
         "device": ("cuda", "cpu"), "format": ("table", "json")}),
     "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd:run_side"),

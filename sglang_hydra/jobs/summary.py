@@ -124,7 +124,11 @@ def collect(sweep_dir: Path) -> Tuple[List[Dict[str, Any]], List[str]]:
         ovs = _split(_overrides_list(d))
         row: Dict[str, Any] = {"run": d.name}
         if (d / "metrics.json").is_file():
-            row.update(json.loads((d / "metrics.json").read_text()))
+            m = json.loads((d / "metrics.json").read_text())
+            if isinstance(m, dict) and m.get("schema_version") == 2:   # nested groups: one column per leaf
+                from ..workload.metrics import flatten_metrics
+                m = {k: v for k, v in flatten_metrics(m).items() if not isinstance(v, (list, dict))}
+            row.update(m)
             row.setdefault("status", "ok")
         if (d / "error.json").is_file():
             try:

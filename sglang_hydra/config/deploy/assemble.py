@@ -231,7 +231,9 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
         if composed.job_name in PLANNING_JOBS and settings.workers == 1:     # it needs the deploy keys
             return (Deployment(settings.name, (Server("server", record),), None, settings, composed.hardware),
                     composed.job_name, composed.job)
-        if settings.workers == 1:
+        if settings.workers == 1 or composed.job_name not in DEPLOYMENT_JOBS:
+            # one server, or a job that works on the record and reads the deploy keys from its context
+            # (job=replay simulates deploy.workers servers itself)
             return record, composed.job_name, composed.job
         return _aggregated(first, record, composed, settings, explicit_deploy, env)
 
