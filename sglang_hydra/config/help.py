@@ -62,8 +62,10 @@ JOB_FIELD_HELP = {
     "pd_pair.verify": "Check that every transferred page arrived intact.",
     # job=deploy_search
     "deploy_search.time_scale": "Arrival times x this (0.5: the trace at twice its request rate).",
-    "sla.ttft_ms": "Time-to-first-token bound in ms (required by job=deploy_search).",
-    "sla.tpot_ms": "Time-per-output-token bound in ms (required by job=deploy_search).",
+    "sla.ttft_ms": "Time-to-first-token bound in ms.",
+    "sla.tpot_ms": "Time-per-output-token bound in ms (after the first token).",
+    "deploy_search.sla.ttft_ms": "Time-to-first-token bound in ms (required).",
+    "deploy_search.sla.tpot_ms": "Time-per-output-token bound in ms (required).",
     "sla.percentile": "The bounds hold for this percentile of the requests (nearest rank): 50, 90 or 99.",
     "search.modes": "agg: replicas behind the router; disagg: prefill and decode pools (xPyD).",
     "search.tp": "Tensor-parallel sizes tried for each server (each side of disagg on its own).",
