@@ -13,6 +13,7 @@ SIDES = ("prefill", "decode")
 DEFAULT_DEPLOY = "single"
 DEPLOYMENT_JOBS = ("resolve", "launch")       # jobs that take a whole deployment
 PLANNING_JOBS = ("deploy_search",)            # jobs that read the deploy keys of a single record
+SIMULATING_JOBS = ("replay",)                 # jobs that simulate a whole PD deployment (both records)
 _SOURCE = "deploy=pd"
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
