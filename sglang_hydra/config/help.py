@@ -62,6 +62,8 @@ JOB_FIELD_HELP = {
     "pd_pair.verify": "Check that every transferred page arrived intact.",
     # job=deploy_search
     "deploy_search.time_scale": "Arrival times x this (0.5: the trace at twice its request rate).",
+    "deploy_search.arrival": "spread: each request at a seeded random time within its trace tick (the default); "
+                             "as_is: the stored timestamps (a steady synthetic trace); poisson: exponential gaps.",
     "sla.ttft_ms": "Time-to-first-token bound in ms.",
     "sla.tpot_ms": "Time-per-output-token bound in ms (after the first token).",
     "deploy_search.sla.ttft_ms": "Time-to-first-token bound in ms (required).",

@@ -320,9 +320,12 @@ def _trace(job: dict) -> Tuple[List[TraceRequest], str]:
         trace = load_trace(job.get("trace"), max_requests=job.get("max_requests"))
     except (TraceError, OSError) as exc:
         raise ConfigError([Problem("job.trace", None, str(exc), "deploy_search")]) from None
-    scale = float(job.get("time_scale", 1.0))
-    reqs = sorted((TraceRequest(r.timestamp / 1e3 * scale, r.input_length, r.output_length, tuple(r.hash_ids))
-                   for r in trace.requests), key=lambda r: r.arrival_s)
+    from ..workload.arrivals import arrival_times
+    # the trace's ~3 s timestamp ticks are spread within the tick by default, as job=replay does
+    times = arrival_times([r.timestamp for r in trace.requests], how=str(job.get("arrival") or "spread"),
+                          time_scale=float(job.get("time_scale", 1.0)))
+    reqs = sorted((TraceRequest(t, r.input_length, r.output_length, tuple(r.hash_ids))
+                   for t, r in zip(times, trace.requests)), key=lambda r: r.arrival_s)
     return reqs, str(trace.path)
 
 

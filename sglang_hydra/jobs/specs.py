@@ -149,6 +149,7 @@ class DeploySearchJob:
     trace: Optional[str] = None          # Mooncake JSONL or a bundled name; unset: the bundled sample
     max_requests: Optional[int] = None
     time_scale: float = 1.0              # arrival times x this
+    arrival: str = "spread"              # spread | as_is | poisson: as job=replay (docs/whatif.md)
     sla: SearchSlaSettings = field(default_factory=SearchSlaSettings)
     search: DeploySearchSpace = field(default_factory=DeploySearchSpace)
     rate_search: bool = False            # per deployment, the highest request rate that meets the SLA
@@ -212,7 +213,8 @@ JOB_SPECS: Dict[str, JobSpec] = {
     "pd_pair": JobSpec(PdPairJob, "sglang_hydra.jobs.pd:run_pair", {"format": ("table", "json")}),
     "launch": JobSpec(LaunchJob, "sglang_hydra.jobs.launch:run"),
     "plan": JobSpec(PlanJob, "sglang_hydra.jobs.plan:run", {"format": ("table", "json")}),
-    "deploy_search": JobSpec(DeploySearchJob, "sglang_hydra.jobs.deploy_search:run", {"format": ("table", "json")}),
+    "deploy_search": JobSpec(DeploySearchJob, "sglang_hydra.jobs.deploy_search:run", {
+        "format": ("table", "json"), "arrival": ("spread", "as_is", "poisson")}),
     "estimate": JobSpec(EstimateJob, "sglang_hydra.jobs.estimate:run", {"format": ("table", "json")}),
 }
 

@@ -59,8 +59,8 @@ def run_aiconfigurator(python: str) -> dict:
 
 def run_search(tmp_path: Path, trace: Path) -> dict:
     r = subprocess.run([sys.executable, "-m", "sglang_hydra", "job=deploy_search", "model=llama3_1_8b",
-                        "hardware=h100_80gb", "deploy.total_gpus=8", f"job.trace={trace}", "job.sla.ttft_ms=1000",
-                        "job.sla.tpot_ms=20", "job.rate_search=true", "job.search.all_gpus=true",
+                        "hardware=h100_80gb", "deploy.total_gpus=8", f"job.trace={trace}", "job.arrival=as_is",
+                        "job.sla.ttft_ms=1000", "job.sla.tpot_ms=20", "job.rate_search=true", "job.search.all_gpus=true",
                         "job.search.chunked_prefill_size=[512,1024,2048,null]", "schedule.enable_mixed_chunk=true",
                         "job.format=json"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
