@@ -132,3 +132,16 @@ def test_dry_run_prints_every_server_and_the_router(tmp_path):
     assert lines[3].endswith("--base-gpu-id 1 --port 30001 --disaggregation-mode prefill "
                              "--disaggregation-bootstrap-port 8999")
     assert "--prefill http://127.0.0.1:30001 8999 --decode http://127.0.0.1:30002" in lines[7]
+
+
+def test_an_xpyd_deployment_runs_under_job_replay(tmp_path):
+    """The issue's first command: job=replay on deploy=pd with several prefill servers (the simulation
+    takes both records; the counts come with the job's context)."""
+    import json
+    r = subprocess.run([sys.executable, "-m", "sglang_hydra", "job=replay", "deploy=pd", "deploy.prefill_workers=2",
+                        "decode.parallel.tp_size=2", "model=llama3_1_8b", "hardware=h100_80gb", "job.max_requests=50",
+                        "job.format=json", "job.progress=false"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    dep = json.loads(r.stdout)["deployment"]
+    assert (dep["deploy_mode"], dep["prefill_servers"], dep["decode_tp_size"], dep["gpus"]) == ("disagg", 2, 2, 4)
