@@ -352,6 +352,11 @@ def run(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
     settings = getattr(target, "settings", None) or getattr(ctx, "deploy", None)
     total, node, budget_problems = _budget(settings, hardware)
     problems += budget_problems
+    fixed_policy = _deploy_key(settings, "router_policy")
+    if fixed_policy is not None and fixed_policy not in MODELLED_ROUTER_POLICIES:
+        problems.append(Problem("deploy.router_policy", None, f"{fixed_policy!r} routes by a request header a trace "
+                                f"does not carry; the search models: {', '.join(MODELLED_ROUTER_POLICIES)}",
+                                "deploy_search"))
     if hardware is None or not getattr(hardware, "bf16_tflops", None):
         problems.append(Problem("hardware", None, "the search times every pass on a GPU model: choose a hardware "
                                 "preset (hardware=h100_80gb, h200_141gb, a100_80gb, l40s_48gb)", "deploy_search"))
