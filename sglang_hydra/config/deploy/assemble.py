@@ -62,7 +62,8 @@ def _deploy_settings(req: DeployRequest, problems: List[Problem]) -> Tuple[Deplo
     problems += [Problem(key, None, message, "deploy")
                  for key, message in deploy_settings_problems(out, sorted(explicit))
                  if key.partition(".")[2] not in ("router_policy",) and key.partition(".")[2] in WORKER_KEYS]
-    if not out.has_router:
+    planning = any(str(t) in {f"job={j}" for j in PLANNING_JOBS} for t in req.shared_argv)
+    if not out.has_router and not planning:      # a search chooses the server counts itself
         for k in sorted(explicit):
             if k.startswith("router"):
                 problems.append(Problem(f"deploy.{k}", None, f"the router only runs with deploy=pd or with "
