@@ -18,8 +18,8 @@ import torch
 from sglang_hydra.memory import build_memory, make_transfer
 from sglang_hydra.memory import transfer_triton
 from sglang_hydra.memory.transfer_direct import CudaEventClock, TransferStats, WallClock, clock_for
-from sglang_hydra.memory.transfer_triton import (MAX_BYTES_PER_PROGRAM, MIN_BLOCK, _page_copy, block_for_page,
-                                                  plan_group_launch)
+from sglang_hydra.memory.transfer_triton import (LANE_BYTES, MAX_BYTES_PER_PROGRAM, MIN_BLOCK_BYTES, _page_copy,
+                                                  block_for_page, plan_group_launch)
 
 from .conftest import small_record
 from .test_transfer import MHA, MLA, _run_matrix
@@ -54,14 +54,17 @@ class RecordingKernel:
 def test_block_follows_page_size(page_size, row_bytes, elem_bytes):
     page_elems = page_size * row_bytes // elem_bytes
     block, warps = block_for_page(page_elems, elem_bytes)
-    assert block & (block - 1) == 0 and block >= MIN_BLOCK
-    assert block * elem_bytes <= max(MAX_BYTES_PER_PROGRAM, MIN_BLOCK * elem_bytes)
+    assert block & (block - 1) == 0 and block * elem_bytes >= MIN_BLOCK_BYTES
+    assert block * elem_bytes <= MAX_BYTES_PER_PROGRAM
     if page_elems * elem_bytes <= MAX_BYTES_PER_PROGRAM:
         assert block >= page_elems                  # a small page is one program
     else:
         assert block * elem_bytes == MAX_BYTES_PER_PROGRAM
-    assert warps in (2, 4, 8)
-    assert warps == (8 if block * elem_bytes >= 16 << 10 else 4 if block * elem_bytes >= 4 << 10 else 2)
+    assert warps in (1, 2, 4, 8)
+    program_bytes = block * elem_bytes
+    assert warps == (8 if program_bytes >= 16 << 10 else 4 if program_bytes >= 4 << 10 else
+                     2 if program_bytes >= 1 << 10 else 1)
+    assert program_bytes // (32 * warps) >= LANE_BYTES          # every lane has a full 16-byte access
 
 
 def test_block_for_page_rejects_nonsense():
@@ -135,7 +138,7 @@ def tiny_blocks(monkeypatch):
     partial last page leaves whole blocks and half blocks masked."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(transfer_triton, "MAX_BYTES_PER_PROGRAM", 32)
-    monkeypatch.setattr(transfer_triton, "MIN_BLOCK", 4)
+    monkeypatch.setattr(transfer_triton, "MIN_BLOCK_BYTES", 32)
     assert block_for_page(16, 8)[0] == 4
 
 
