@@ -138,13 +138,14 @@ def _kernel():
 
 
 # ---------------------------------------------------------------------- launch configuration
-#: at most this many bytes per program: 16 KiB keeps 8 warps busy with 16-byte accesses
-#: (64 bytes per lane) while a page of a few KiB still spreads over several programs
+#: at most this many bytes per program with 16-byte accesses: 16 KiB keeps 8 warps busy
+#: (four accesses, 64 bytes, per lane) while a page of a few KiB still spreads over
+#: several programs
 MAX_BYTES_PER_PROGRAM = 16 << 10
 #: widest access of one lane (``ld.global.v4.b32``)
 LANE_BYTES = 16
-#: smallest block, in bytes: one warp with one 16-byte access per lane (a smaller block
-#: would leave lanes with narrower accesses)
+#: smallest block, in bytes of 16-byte accesses: one warp with one access per lane (a
+#: smaller block would leave lanes idle or with narrower accesses)
 MIN_BLOCK_BYTES = 32 * LANE_BYTES
 #: element widths the kernel moves (raw integers of 1, 2, 4 or 8 bytes)
 ELEMENT_BYTES = (1, 2, 4, 8)
@@ -154,20 +155,26 @@ def _next_power_of_2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def block_for_page(page_elems: int, elem_bytes: int) -> Tuple[int, int]:
-    """``(BLOCK, num_warps)`` for pages of ``page_elems`` integers of ``elem_bytes`` each.
+def block_for_page(page_elems: int, elem_bytes: int, vec: Optional[int] = None) -> Tuple[int, int]:
+    """``(BLOCK, num_warps)`` for pages of ``page_elems`` integers of ``elem_bytes`` each,
+    moved ``vec`` elements per access (default: a full 16-byte access).
 
-    A block covers the whole page when the page is at most ``MAX_BYTES_PER_PROGRAM``
-    (rounded up to a power of two, as ``tl.arange`` needs, and to at least
-    ``MIN_BLOCK_BYTES``), else the largest power of two within it.  Warps grow with the
-    bytes a program moves, never so many that a lane gets less than one 16-byte access."""
-    if page_elems < 1 or elem_bytes not in ELEMENT_BYTES:
-        raise ValueError(f"no launch for pages of {page_elems} elements of {elem_bytes} bytes")
-    cap = max(1, MAX_BYTES_PER_PROGRAM // elem_bytes)
-    smallest = max(1, MIN_BLOCK_BYTES // elem_bytes)
+    Sizes are counted in accesses, so a lane always has between one and four of them: a
+    block covers the whole page when the page is at most ``MAX_BYTES_PER_PROGRAM`` worth of
+    16-byte accesses (rounded up to a power of two, as ``tl.arange`` needs, and to at
+    least one warp of accesses), else the largest power of two within it; warps grow with
+    the accesses a program makes.  Narrow accesses (rows whose length or alignment allows
+    no 16-byte access) get proportionally smaller blocks: a lane with dozens of scalar
+    accesses runs out of registers and spills."""
+    full = LANE_BYTES // elem_bytes if elem_bytes in ELEMENT_BYTES else 0
+    vec = full if vec is None else vec
+    if page_elems < 1 or not full or vec < 1 or vec > full or vec & (vec - 1):
+        raise ValueError(f"no launch for pages of {page_elems} elements of {elem_bytes} bytes, {vec} per access")
+    cap = max(1, MAX_BYTES_PER_PROGRAM // LANE_BYTES) * vec
+    smallest = max(1, MIN_BLOCK_BYTES // LANE_BYTES) * vec
     block = min(cap, max(smallest, _next_power_of_2(page_elems)))
-    program_bytes = block * elem_bytes
-    warps = 8 if program_bytes >= 16 << 10 else 4 if program_bytes >= 4 << 10 else 2 if program_bytes >= 1 << 10 else 1
+    accesses = block // vec
+    warps = 8 if accesses >= 1024 else 4 if accesses >= 256 else 2 if accesses >= 64 else 1
     return block, warps
 
 
@@ -224,7 +231,6 @@ def plan_group_launch(src_views: List[torch.Tensor], dst_views: List[torch.Tenso
     page_elems = page_size * row_elems
     src_strides, dst_strides = src0.stride(), dst0.stride()
     n_pages = src_pages.numel()
-    block, warps = block_for_page(page_elems, elem_bytes)
     mode = copy_mode(src_strides, dst_strides, row_elems, head_dim)
     # strides the kernel multiplies by: family/layer/page always, token rows from MODE 1,
     # heads in MODE 2; the contiguous run a lane may not cross is a row, or a head in MODE 2
@@ -232,6 +238,7 @@ def plan_group_launch(src_views: List[torch.Tensor], dst_views: List[torch.Tenso
     strides = (src_family_stride, dst_family_stride) + tuple(src_strides[:used - 1]) + tuple(dst_strides[:used - 1])
     vec = vector_elems(elem_bytes, (src0.data_ptr(), dst0.data_ptr()), strides,
                        head_dim if mode == 2 else row_elems)
+    block, warps = block_for_page(page_elems, elem_bytes, vec)
     args = (src0, dst0, src_pages, dst_pages, n_pages, tail_tokens * row_elems, n_layers,
             src_family_stride, *src_strides[:4],
             dst_family_stride, *dst_strides[:4],

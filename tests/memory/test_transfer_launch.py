@@ -51,20 +51,25 @@ class RecordingKernel:
 @pytest.mark.parametrize("page_size", [1, 16, 64, 128, 512])
 @pytest.mark.parametrize("row_bytes", [64, 576 * 2, 8 * 128 * 2, 32 * 128 * 4])
 @pytest.mark.parametrize("elem_bytes", [1, 2, 4, 8])
-def test_block_follows_page_size(page_size, row_bytes, elem_bytes):
+@pytest.mark.parametrize("access_bytes", [16, 8, 1])
+def test_block_follows_page_size(page_size, row_bytes, elem_bytes, access_bytes):
+    vec = max(1, access_bytes // elem_bytes)
     page_elems = page_size * row_bytes // elem_bytes
-    block, warps = block_for_page(page_elems, elem_bytes)
-    assert block & (block - 1) == 0 and block * elem_bytes >= MIN_BLOCK_BYTES
-    assert block * elem_bytes <= MAX_BYTES_PER_PROGRAM
-    if page_elems * elem_bytes <= MAX_BYTES_PER_PROGRAM:
+    block, warps = block_for_page(page_elems, elem_bytes, vec)
+    most = MAX_BYTES_PER_PROGRAM // LANE_BYTES          # accesses in the largest program
+    accesses = block // vec
+    assert block & (block - 1) == 0 and block % vec == 0
+    assert MIN_BLOCK_BYTES // LANE_BYTES <= accesses <= most
+    if page_elems <= most * vec:
         assert block >= page_elems                  # a small page is one program
     else:
-        assert block * elem_bytes == MAX_BYTES_PER_PROGRAM
+        assert accesses == most
     assert warps in (1, 2, 4, 8)
-    program_bytes = block * elem_bytes
-    assert warps == (8 if program_bytes >= 16 << 10 else 4 if program_bytes >= 4 << 10 else
-                     2 if program_bytes >= 1 << 10 else 1)
-    assert program_bytes // (32 * warps) >= LANE_BYTES          # every lane has a full 16-byte access
+    assert 1 <= accesses // (32 * warps) <= 4       # every lane: one to four accesses
+    if vec * elem_bytes == LANE_BYTES:              # full-width accesses: 512 B .. 16 KiB programs
+        assert MIN_BLOCK_BYTES <= block * elem_bytes <= MAX_BYTES_PER_PROGRAM
+    if vec == LANE_BYTES // elem_bytes:
+        assert block_for_page(page_elems, elem_bytes) == (block, warps)   # the default is full width
 
 
 def test_block_for_page_rejects_nonsense():
@@ -72,6 +77,10 @@ def test_block_for_page_rejects_nonsense():
         block_for_page(0, 8)
     with pytest.raises(ValueError):
         block_for_page(16, 3)
+    with pytest.raises(ValueError):
+        block_for_page(16, 8, 4)        # 32-byte accesses do not exist
+    with pytest.raises(ValueError):
+        block_for_page(16, 1, 3)
 
 
 def test_llama_pages_split_into_16k_programs():
