@@ -244,18 +244,41 @@ def _launch_signature(plan) -> Tuple[Any, ...]:
 
 
 def launch_configurations(shapes: Optional[Sequence[PoolShape]] = None, page_sizes: Iterable[int] = PAGE_SIZES,
-                          bind_every: bool = False) -> Tuple[List[KernelConfig], int]:
+                          bind_every: bool = False, jobs: int = 1) -> Tuple[List[KernelConfig], int]:
     """Distinct compile keys over the whole launch space, and how many launches were planned.
 
     Triton's binder runs once per distinct :func:`_launch_signature`; ``bind_every`` runs it
-    for every launch and checks that the signature does determine Triton's key (slower)."""
+    for every launch and checks that the signature does determine Triton's key (slower).
+    ``jobs`` > 1 spreads the pool shapes over that many processes."""
+    shapes = list(pool_shapes() if shapes is None else shapes)
+    page_sizes = tuple(page_sizes)
+    if jobs > 1 and len(shapes) > 1:
+        chunks = [shapes[i::jobs] for i in range(jobs)]
+        with _process_pool(jobs) as pool:
+            parts = list(pool.map(_configurations_of, [(c, page_sizes, bind_every) for c in chunks if c]))
+    else:
+        parts = [_configurations_of((shapes, page_sizes, bind_every))]
+    configs: "OrderedDict[str, KernelConfig]" = OrderedDict()
+    launches = 0
+    for part, count in parts:
+        launches += count
+        for cfg in part:
+            seen = configs.setdefault(cfg.triton_key, cfg)
+            if seen is not cfg:
+                seen.origins.extend(cfg.origins[:max(0, 3 - len(seen.origins))])
+    ordered = sorted(configs.values(), key=lambda c: (c.elem_bytes, c.mode, c.block, c.vec, c.num_warps))
+    return ordered, launches
+
+
+def _configurations_of(job) -> Tuple[List[KernelConfig], int]:
+    shapes, page_sizes, bind_every = job
     backend = cuda_backend()
     kernel = transfer_triton.jit_page_copy()
     binder = _binder(kernel, backend)
     configs: "OrderedDict[str, KernelConfig]" = OrderedDict()
     key_of: Dict[Tuple[Any, ...], str] = {}
     launches = 0
-    for shape in (pool_shapes() if shapes is None else shapes):
+    for shape in shapes:
         for layout in shape.layouts:
             for ps in page_sizes:
                 for origin, plan in planned_launches(shape, layout, ps):
@@ -273,8 +296,20 @@ def launch_configurations(shapes: Optional[Sequence[PoolShape]] = None, page_siz
                     seen = configs[key]
                     if len(seen.origins) < 3:
                         seen.origins.append(origin)
-    ordered = sorted(configs.values(), key=lambda c: (c.elem_bytes, c.mode, c.block, c.vec, c.num_warps))
-    return ordered, launches
+    return list(configs.values()), launches
+
+
+def _process_pool(jobs: int):
+    """Worker processes started fresh (``spawn``): no state of this process leaks in."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_quiet_worker)
+
+
+def _quiet_worker() -> None:
+    import warnings
+    warnings.filterwarnings("ignore", message="TRITON_DEFAULT_FP_FUSION")
 
 
 # ------------------------------------------------------------------------- compile + PTX
@@ -353,10 +388,8 @@ def compile_all(configs: Sequence[KernelConfig], targets: Sequence[str], jobs: i
     work = [(t, compile_job(c)) for t in targets for c in configs]
     if jobs <= 1:
         return [compile_config(w) for w in work]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(compile_config, work, chunksize=4))
+    with _process_pool(jobs) as pool:
+        return list(pool.map(compile_config, work, chunksize=2))
 
 
 # -------------------------------------------------------------------------------- checks
