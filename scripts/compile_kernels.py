@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         print("FAIL", line)
 
     if args.json:
-        payload = {"targets": targets, "launches": launches, "compile_seconds": round(compiled_s, 1),
+        payload = {"targets": targets, "launches": launches, "cache_dir": cache, "compile_seconds": round(compiled_s, 1),
                    "configurations": [{"name": c.name, "elem_bytes": c.elem_bytes, "mode": c.mode, "block": c.block,
                                        "vec": c.vec, "num_warps": c.num_warps,
                                        "origins": [str(o) for o in c.origins]} for c in configs],

@@ -79,6 +79,10 @@ class PoolShape:
         return MHA_LAYOUTS if self.head_dim == self.v_head_dim else ("page_first", "page_first_direct")
 
 
+def _short(dtype: str) -> str:
+    return {"bfloat16": "bf16", "float8_e4m3fn": "fp8"}.get(dtype, dtype)
+
+
 def preset_shapes(layers: int = 2) -> List[PoolShape]:
     """Row shapes of the model presets (``conf/model``): all KV heads and one head per rank
     (the most tensor-parallel split), in bf16 and fp8."""
@@ -91,11 +95,11 @@ def preset_shapes(layers: int = 2) -> List[PoolShape]:
         for dtype in KV_DTYPES:
             if arch == "mla":
                 rank, rope = int(data["kv_lora_rank"]), int(data["qk_rope_head_dim"])
-                shapes.append(PoolShape(f"{name}", "mla", 1, rank + rope, 0, rank, rope, dtype, layers))
+                shapes.append(PoolShape(f"{name}/{_short(dtype)}", "mla", 1, rank + rope, 0, rank, rope, dtype, layers))
                 continue
             d = int(data["head_dim"])
             for heads in sorted({int(data["num_key_value_heads"]), 1}, reverse=True):
-                shapes.append(PoolShape(f"{name}/{heads}h", "mha", heads, d, int(data.get("v_head_dim") or d), 0, 0,
+                shapes.append(PoolShape(f"{name}/{heads}h/{_short(dtype)}", "mha", heads, d, int(data.get("v_head_dim") or d), 0, 0,
                                         dtype, layers))
     return shapes
 
@@ -106,11 +110,14 @@ def width_probe_shapes() -> List[PoolShape]:
     and even multiples, plus K and V of different widths (no shared allocation)."""
     out = []
     for layers in (1, 2, 3):
-        out += [PoolShape("odd-row-fp8", "mha", 1, 65, 65, 0, 0, "float8_e4m3fn", layers),     # 65 B rows
-                PoolShape("2mod4-row-bf16", "mha", 1, 65, 65, 0, 0, "bfloat16", layers),      # 130 B rows
-                PoolShape("4mod8-row-bf16", "mha", 1, 66, 66, 0, 0, "bfloat16", layers),      # 132 B rows
-                PoolShape("3-heads-bf16", "mha", 3, 22, 22, 0, 0, "bfloat16", layers),       # 132 B, 44 B heads
-                PoolShape("odd-mla-fp8", "mla", 1, 65, 0, 33, 32, "float8_e4m3fn", layers)]  # 33 + 32 B split
+        for name, arch, heads, d, rank, rope, dtype in (
+                ("odd-row-fp8", "mha", 1, 65, 0, 0, "float8_e4m3fn"),      # 65-byte rows: 1-byte integers
+                ("2mod4-row-bf16", "mha", 1, 65, 0, 0, "bfloat16"),        # 130-byte rows: 2-byte integers
+                ("4mod8-row-bf16", "mha", 1, 66, 0, 0, "bfloat16"),        # 132-byte rows: 4-byte integers
+                ("3-heads-bf16", "mha", 3, 22, 0, 0, "bfloat16"),          # 3 heads of 44 bytes
+                ("odd-mla-fp8", "mla", 1, 65, 33, 32, "float8_e4m3fn")):   # 33 + 32-byte latent split
+            out.append(PoolShape(f"{name}/{layers}L", arch, heads, d, 0 if arch == "mla" else d, rank, rope, dtype,
+                                 layers))
     out.append(PoolShape("k192-v128-bf16", "mha", 2, 192, 128, 0, 0, "bfloat16", 2))
     return out
 
