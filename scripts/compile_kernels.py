@@ -84,7 +84,7 @@ def main(argv=None) -> int:
         started = time.perf_counter()
         configs, launches = kc.launch_configurations(jobs=args.jobs)
         enumerated = time.perf_counter() - started
-        print(f"{launches} launches planned ({len(kc.pool_shapes())} pool shapes x layouts x page sizes 1-256 x "
+        print(f"{sum(launches.values())} launches planned ({len(kc.pool_shapes())} pool shapes x layouts x page sizes 1-256 x "
               f"backup/load x all/each layer) -> {len(configs)} distinct compile keys ({enumerated:.0f} s)")
         results = kc.compile_all(configs, targets, jobs=args.jobs)
         compiled_s = time.perf_counter() - started - enumerated

@@ -251,8 +251,9 @@ def _launch_signature(plan) -> Tuple[Any, ...]:
 
 
 def launch_configurations(shapes: Optional[Sequence[PoolShape]] = None, page_sizes: Iterable[int] = PAGE_SIZES,
-                          bind_every: bool = False, jobs: int = 1) -> Tuple[List[KernelConfig], int]:
-    """Distinct compile keys over the whole launch space, and how many launches were planned.
+                          bind_every: bool = False, jobs: int = 1) -> Tuple[List[KernelConfig], Dict[str, int]]:
+    """Distinct compile keys over the whole launch space, and how many launches were planned
+    per ``"<arch> <layout>"``.
 
     Triton's binder runs once per distinct :func:`_launch_signature`; ``bind_every`` runs it
     for every launch and checks that the signature does determine Triton's key (slower).
@@ -266,9 +267,10 @@ def launch_configurations(shapes: Optional[Sequence[PoolShape]] = None, page_siz
     else:
         parts = [_configurations_of((shapes, page_sizes, bind_every))]
     configs: "OrderedDict[str, KernelConfig]" = OrderedDict()
-    launches = 0
-    for part, count in parts:
-        launches += count
+    launches: Dict[str, int] = {}
+    for part, counts in parts:
+        for k, v in counts.items():
+            launches[k] = launches.get(k, 0) + v
         for cfg in part:
             seen = configs.setdefault(cfg.triton_key, cfg)
             if seen is not cfg:
@@ -277,19 +279,20 @@ def launch_configurations(shapes: Optional[Sequence[PoolShape]] = None, page_siz
     return ordered, launches
 
 
-def _configurations_of(job) -> Tuple[List[KernelConfig], int]:
+def _configurations_of(job) -> Tuple[List[KernelConfig], Dict[str, int]]:
     shapes, page_sizes, bind_every = job
     backend = cuda_backend()
     kernel = transfer_triton.jit_page_copy()
     binder = _binder(kernel, backend)
     configs: "OrderedDict[str, KernelConfig]" = OrderedDict()
     key_of: Dict[Tuple[Any, ...], str] = {}
-    launches = 0
+    launches: Dict[str, int] = {}
     for shape in shapes:
         for layout in shape.layouts:
+            where = f"{shape.arch} {layout}"
             for ps in page_sizes:
                 for origin, plan in planned_launches(shape, layout, ps):
-                    launches += 1
+                    launches[where] = launches.get(where, 0) + 1
                     signature = _launch_signature(plan)
                     key = key_of.get(signature)
                     if key is None or bind_every:
