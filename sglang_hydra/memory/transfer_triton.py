@@ -16,9 +16,15 @@ moved as raw integers of the widest width the strides allow, so every dtype (fp8
 as bytes, bf16, fp16, fp32) is copied bit for bit.  The last page may stop after
 ``tail`` tokens.
 
-Block size and warps follow from the page size (:func:`block_for_page`), the same on a
-GPU and under the interpreter (``TRITON_INTERPRET=1``), so every launch goes through one
-path (:func:`plan_group_launch`, then :func:`launch`).  There is no autotuning: Triton's
+The widest access each lane may make (``VEC`` elements: what the base pointers, strides and
+row length allow, at most 16 bytes) is computed at launch (:func:`vector_elems`) and reaches
+the kernel as a constexpr that backs its ``tl.multiple_of``/``tl.max_contiguous`` hints;
+block size and warps follow from the page size and ``VEC`` (:func:`block_for_page`).  All
+of it is the same on a GPU and under the interpreter (``TRITON_INTERPRET=1``), so every
+launch goes through one path (:func:`plan_group_launch`, then :func:`launch`), and the
+compile key is ``(integer width, MODE, BLOCK, VEC, num_warps)``: no scalar argument is
+specialised on its value.  ``scripts/compile_kernels.py`` compiles every such key the
+launch path can produce for sm_80/sm_89/sm_90 without a GPU (``memory/kernel_compile.py``).  There is no autotuning: Triton's
 autotuner would run its trial configurations as real copies on the live pools the first
 time each shape is seen, and a copy is memory-bound, so the block only has to be large
 enough to keep every lane busy with wide loads.
