@@ -351,7 +351,7 @@ class GhostLRUPolicy(EvictionPolicy):
             if len(ghost) > self._ghost_cap:
                 ghost.popitem(last=False)
         if count == 1:
-            self._life += self.ewma * ((self.tree._clock - node.last_access) - self._life)
+            self._life += self.ewma * ((self.tree.now - node.last_access) - self._life)
             self._credit = self.alpha * self._life
 
     def key(self, node):

@@ -229,7 +229,7 @@ class TieredCache(RadixTree):
                  load_back_threshold: int = 10,
                  retry_poll_interval: int = DEFAULT_RETRY_POLL_INTERVAL,
                  retry_max_attempts: int = DEFAULT_RETRY_MAX_ATTEMPTS,
-                 storage_read_bytes_per_s: Optional[float] = None):
+                 storage_read_bytes_per_s: Optional[float] = None, semantics: str = "rules"):
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"Invalid write policy: {write_policy!r}; allowed: {', '.join(WRITE_POLICIES)}")
         if prefetch_policy not in PREFETCH_POLICIES:
@@ -283,6 +283,10 @@ class TieredCache(RadixTree):
         self._heap = []
         self._seq = 0
         self._clock = 0
+        self._init_semantics(semantics)
+        if self._engine and self.hierarchical:
+            raise ValueError("cache_semantics=sglang models the engine's device radix cache only; "
+                             "use cache_semantics=rules with a host tier (HiCache)")
         self._belady = isinstance(policy, BeladyPolicy)
         policy.bind(self)
 
@@ -774,6 +778,13 @@ class TieredCache(RadixTree):
         root = self.root
         adm = Admission(len(keys) if weights is None else (
             w.page_starts[-1] if w.page_starts is not None else sum(weights)))
+        if self._engine:
+            # one tier, the engine's own request loop and node-granular eviction (radix.py)
+            adm.device_pages = self._serve_engine(keys, weights, priority)
+            counts["device_hit_pages"] += adm.device_pages
+            counts["miss_pages"] += adm.lookup_pages - adm.hit_pages
+            self.device_used = self.size
+            return adm
         k, last, u, lo = self._walk(keys, weights, clock, True)
         locked: List[TreeNode] = []
         staged: List[TreeNode] = []
