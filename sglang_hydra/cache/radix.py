@@ -36,7 +36,8 @@ Two *cache semantics* (``semantics=``, the replay's ``job.cache_semantics``):
   clock (:attr:`now`, one tick per ``time.monotonic()`` the engine takes): a match stamps
   the matched path and the node it splits; an insert stamps the path again and counts
   one hit on each node of it (the engine counts hits at insert time, not at match time);
-  a node made by a split or an insert gets a fresh stamp.  Only :meth:`serve` knows this
+  a node made by a split or an insert gets a fresh access stamp and, one tick later, its
+  creation stamp (``insert_time``), as the engine's node constructor reads the clock twice.  Only :meth:`serve` knows this
   loop, so the other entry points (``match_prefix``/``insert``) are rules-only.
 """
 from __future__ import annotations
@@ -541,13 +542,14 @@ class RadixTree:
                 if not below.children:
                     self._push(below)
                 fresh = self._stamp()
+                created = self._stamp()
                 self._segs += 1
                 seg, old = self._segs, last.seg
                 node = last
                 while node is not root and node.seg == old:
                     node.seg = seg
                     node.last_access = fresh
-                    node.insert_time = fresh
+                    node.insert_time = created
                     node = node.parent
         # ---- pin the match, evict until the new pages fit
         last.lock_ref += 1
@@ -569,12 +571,14 @@ class RadixTree:
         end = last
         if u < len(keys):
             fresh = self._stamp()
+            created = self._stamp()
             end = self._grow(last, keys, weights, u, lo, fresh, priority)
             self._segs += 1
             seg = self._segs
             node = end
             while node is not last:
                 node.seg = seg
+                node.insert_time = created
                 node = node.parent
         if policy.wants_touch:
             self._touch(keys, k, self._clock, end)
