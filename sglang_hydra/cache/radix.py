@@ -123,6 +123,7 @@ class TreeNode:
         self.weight = weight
         self.lo = lo
         self.unit_index = unit_index
+        self.seg = 0
 
     @property
     def is_leaf(self) -> bool:
@@ -432,41 +433,72 @@ class RadixTree:
         Under sglang semantics a victim is a whole engine node (segment)."""
         if num_pages <= 0:
             return 0
-        if self._engine:
-            return self._evict_segments(num_pages)
+        evicted = self._evict_leaves(num_pages)
+        self.size -= evicted
+        self.evictions += evicted
+        return evicted
+
+    # The one eviction loop.  Every cache built on this tree (the single-tier replay, the
+    # tiered cache's device tier, both semantics) pops its victims here; what a victim is
+    # and what removing it means are the three hooks below, which the tiered cache
+    # overrides for the device tier.
+    def _evict_leaves(self, num_pages: int) -> int:
+        """Pop the candidate leaf with the smallest key until ``num_pages`` are freed;
+        pinned leaves are held back and returned to the heap afterwards."""
         heap = self._heap
-        root = self.root
-        policy = self.policy
-        on_evict = policy.on_evict if policy.wants_evict_hook else None
-        key_of = policy.key
+        shielded = self._shielded
+        remove = self._remove_victim
+        offer = self._offer_parent
         held = []
-        evicted = 0
-        nodes = 0
-        while evicted < num_pages and heap:
+        freed = 0
+        while freed < num_pages and heap:
             entry = heappop(heap)
             node = entry[2]
-            if node.heap_seq != entry[1] or node.children or node.parent is None:
+            if node.heap_seq != entry[1] or shielded(node):
                 continue
             if node.lock_ref:
                 held.append(entry)
                 continue
-            parent = node.parent
-            del parent.children[node.key]
-            node.parent = None
-            evicted += node.weight
-            nodes += 1
-            if on_evict is not None:
-                on_evict(node)
-            if not parent.children and parent is not root:
-                self._seq += 1
-                parent.heap_seq = self._seq
-                heappush(heap, (key_of(parent), self._seq, parent))
+            pages, parent = remove(node)
+            freed += pages
+            offer(parent)
         for entry in held:
             heappush(heap, entry)
-        self.size -= evicted
-        self.evictions += evicted
-        self.evicted_nodes += nodes
-        return evicted
+        return freed
+
+    def _shielded(self, node) -> bool:
+        """Not a candidate any more: it has a cached child, or it was evicted."""
+        return bool(node.children) or node.parent is None
+
+    def _offer_parent(self, parent) -> None:
+        """A victim's parent that is now a leaf becomes a candidate."""
+        if not parent.children and parent is not self.root:
+            self._push(parent)
+
+    def _remove_victim(self, node):
+        """Remove ``node`` (rules) or its whole engine node (sglang); returns
+        ``(pages freed, the parent to offer)``."""
+        on_evict = self.policy.on_evict if self.policy.wants_evict_hook else None
+        top = node
+        if self._engine:
+            seg = node.seg
+            root = self.root
+            while top.parent is not root and top.parent.seg == seg:
+                top = top.parent
+        parent = top.parent
+        del parent.children[top.key]
+        pages = 0
+        n = node
+        while True:
+            pages += n.weight
+            self.evicted_nodes += 1
+            up = n.parent
+            n.parent = None
+            if on_evict is not None:
+                on_evict(n)
+            if n is top:
+                return pages, parent
+            n = up
 
     def serve(self, page_keys: Sequence[Hashable], clock=None, priority: int = 0,
               weights: Optional[Sequence[int]] = None) -> int:
@@ -586,50 +618,6 @@ class RadixTree:
             self._push(end)
         last.lock_ref -= 1
         return k
-
-    def _evict_segments(self, num_pages: int) -> int:
-        """SGLang's ``RadixCache.evict``: pop the unpinned engine leaf with the smallest
-        key, free its whole node, and offer its parent once that becomes a leaf."""
-        heap = self._heap
-        root = self.root
-        policy = self.policy
-        on_evict = policy.on_evict if policy.wants_evict_hook else None
-        held = []
-        evicted = 0
-        nodes = 0
-        while evicted < num_pages and heap:
-            entry = heappop(heap)
-            node = entry[2]
-            if node.heap_seq != entry[1] or node.children or node.parent is None:
-                continue
-            if node.lock_ref:
-                held.append(entry)
-                continue
-            seg = node.seg
-            top = node
-            while top.parent is not root and top.parent.seg == seg:
-                top = top.parent
-            parent = top.parent
-            del parent.children[top.key]
-            n = node
-            while True:
-                evicted += n.weight
-                nodes += 1
-                up = n.parent
-                n.parent = None
-                if on_evict is not None:
-                    on_evict(n)
-                if n is top:
-                    break
-                n = up
-            if not parent.children and parent is not root:
-                self._push(parent)
-        for entry in held:
-            heappush(heap, entry)
-        self.size -= evicted
-        self.evictions += evicted
-        self.evicted_nodes += nodes
-        return evicted
 
     def _raise_priority(self, node, priority):
         while node is not self.root:
