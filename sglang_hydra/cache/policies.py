@@ -516,3 +516,14 @@ register_eviction_policy("tlru", TLRUPolicy)
 register_eviction_policy("belady", BeladyPolicy, replay_only=True)
 register_eviction_policy("ghost_lru", GhostLRUPolicy)
 register_eviction_policy("span_lru", SpanLRUPolicy)
+
+
+def _tell_config_what_sglang_runs() -> None:
+    from sglang_hydra.config.choices import set_engine_policy_support
+
+    from .sglang_plugin import PLUGIN_NAME, PLUGIN_POLICIES
+
+    set_engine_policy_support(SGLANG_BUILTIN_POLICIES, PLUGIN_POLICIES, PLUGIN_NAME)
+
+
+_tell_config_what_sglang_runs()

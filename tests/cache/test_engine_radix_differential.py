@@ -57,8 +57,8 @@ def plugin_overlay(tmp_path_factory):
     interpreter gets on PYTHONPATH: the plugin is found through its metadata alone."""
     out = tmp_path_factory.mktemp("plugin")
     wheels = out / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(wheels), str(ROOT)], check=True, timeout=600, capture_output=True)
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir",
+                    str(wheels), str(ROOT)], check=True, timeout=600, capture_output=True)
     (wheel,) = wheels.glob("sglang_hydra-*.whl")
     target = out / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
