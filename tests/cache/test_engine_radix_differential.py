@@ -119,7 +119,7 @@ def test_sglang_semantics_hit_the_engine_exactly(plugin_overlay):
             jobs.append((name, reqs, ps, pages, prios, runs[i:i + step]))
     table = []
     problems = []
-    with ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1)) as pool:
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         engine = [pool.submit(_engine, j[3], j[4], j[5], plugin_overlay) for j in jobs]
         # our replays run here while the engine processes work
         ours_all = [[_ours(reqs, run["policy"], run["policy_config"], ps, run["capacity_pages"])
@@ -150,3 +150,19 @@ def test_plugin_policy_is_rejected_without_the_plugin():
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     out = json.loads(proc.stdout)["runs"][0]
     assert "Unknown eviction policy: span_lru" in out["error"]
+
+
+def test_check_engine_accepts_the_plugin_policy_once_installed(plugin_overlay, tmp_path):
+    """job=resolve job.check=engine with an interpreter that has SGLang and our wheel: the
+    plugin check passes and SGLang itself (plugins loaded, as launch_server does) accepts
+    --radix-eviction-policy span_lru."""
+    python = tmp_path / "python-with-plugin"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={plugin_overlay} exec {REFERENCE_PYTHON} \"$@\"\n")
+    python.chmod(0o755)
+    r = subprocess.run([sys.executable, "-m", "sglang_hydra", "job=resolve", "job.check=engine", "job.format=argv",
+                        "memory.radix_eviction_policy=span_lru", f"job.python={python}"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env={k: v for k, v in os.environ.items() if k != "SGLANG_PLUGINS"})
+    assert r.returncode == 0, r.stderr
+    assert "--radix-eviction-policy span_lru" in r.stdout
+    assert "SGLang 0.5.23 accepts this configuration" in r.stderr
