@@ -976,6 +976,10 @@ class TieredCache(RadixTree):
         return "+".join(t) or "none"
 
     def check_invariants(self) -> None:
+        if self._engine:        # one tier, the tree's own bookkeeping (no page handles)
+            RadixTree.check_invariants(self)
+            assert self.device_used == self.size, "device pages != tree pages"
+            return
         dev = host = 0
         for n in self.iter_nodes():
             assert n.parent.children.get(n.key) is n, "parent link broken"

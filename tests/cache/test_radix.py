@@ -352,3 +352,23 @@ def test_sglang_semantics_is_one_tier_only():
         TieredCache(CountingMover(10, 10), policy=make_policy("lru"), semantics="sglang")
     with pytest.raises(ValueError, match="unknown cache semantics"):
         RadixTree(10, semantics="engine")
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "slru", "priority", "span_lru", "ghost_lru"])
+def test_sglang_semantics_invariants_under_random_requests(policy):
+    """Structure, sizes and locks stay consistent; the tree never exceeds its capacity when
+    every request fits; whole-segment eviction never frees a page of the current request."""
+    rng = random.Random(f"sglang-{policy}")
+    for weighted in (False, True):
+        t = TieredCache(CountingMover(40), policy=make_policy(policy), hierarchical=False, semantics="sglang")
+        for i in range(400):
+            path = [rng.choice([0, 0, 1, 2, 3]) for _ in range(rng.randint(1, 9))]
+            keys = [tuple(path[: j + 1]) for j in range(len(path))]
+            weights = [rng.randint(1, 4) for _ in keys] if weighted else None
+            total = len(keys) if weights is None else sum(weights)
+            k = t.serve(keys, i, rng.randint(0, 2), weights)
+            assert 0 <= k <= total
+            t.check_invariants()
+            assert t.size <= 40 and t.protected_size == 0
+            # the request just served is cached whole
+            assert t._walk(keys, weights, 0, False)[0] == total
