@@ -173,6 +173,13 @@ def run(record, job: dict, ctx: JobContext) -> float:
                   progress=job.get("progress", True) and not ctx.multirun)
     if job.get("policy"):
         kwargs["policy"] = job["policy"]
+    semantics = job.get("cache_semantics") or "rules"
+    if semantics != "rules":
+        if mode != "metadata":
+            raise ConfigError([Problem("job.cache_semantics", None,
+                                       f"{semantics} models the engine's one-tier radix cache; it needs "
+                                       f"job.mode=metadata (got {mode})", "replay")])
+        kwargs["cache_semantics"] = semantics
     try:
         if mode in ("sim", "full"):
             result = _tiered(record, requests, mode, timeline, kwargs, time_scale, plan, hardware)
@@ -193,6 +200,7 @@ def run(record, job: dict, ctx: JobContext) -> float:
     for k in [k for k in data if k.startswith(("ttft_ms_", "ttft_s_")) or k == "prefill_us_per_token"]:
         data.pop(k)
     data["mode"] = mode
+    data["cache_semantics"] = semantics
     data["time_scale"] = time_scale
     data["model"] = getattr(record, "model_path", None)
     data["trace"] = _trace_name(job)

@@ -45,6 +45,7 @@ class ReplayJob:
     max_requests: Optional[int] = None
     mode: Optional[str] = None           # metadata | sim | full; unset: sim with HiCache, else metadata
     policy: Optional[str] = None         # replay-only policies (belady, fifo) override the record's
+    cache_semantics: str = "rules"       # rules (replay_rules.md) | sglang (SGLang's own radix cache; docs/whatif.md)
     tail_threshold_tokens: int = 4096
     objective: str = "ttft_p90_ms"       # the value a sweep optimises (see OBJECTIVES)
     max_host_memory_gb: Optional[float] = None   # a budget: points above it are infeasible
@@ -138,7 +139,8 @@ JOB_SPECS: Dict[str, JobSpec] = {
     "setup": JobSpec(SetupJob, "sglang_hydra.jobs.setup:run", {"format": ("table", "json")}),
     "replay": JobSpec(ReplayJob, "sglang_hydra.jobs.replay:run", {
         "format": ("table", "json"), "on_bad_line": ("fail", "skip"), "workload": ("trace", "synthetic"),
-        "mode": (None, "metadata", "sim", "full"), "objective": tuple(OBJECTIVES)}),
+        "mode": (None, "metadata", "sim", "full"), "objective": tuple(OBJECTIVES),
+        "cache_semantics": ("rules", "sglang")}),
     "calibrate": JobSpec(CalibrateJob, "sglang_hydra.jobs.calibrate:run", {
         "device": ("cuda", "cpu"), "format": ("table", "json")}),
     "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd:run_side"),

@@ -137,14 +137,17 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
            prefill_us_per_token: float = DEFAULT_PREFILL_US_PER_TOKEN,
            progress: bool = False, policy: Optional[str] = None,
            policy_config: Optional[Dict[str, Any]] = None,
-           keep_per_request: bool = False, block_size: int = BLOCK_SIZE) -> ReplayResult:
+           keep_per_request: bool = False, block_size: int = BLOCK_SIZE,
+           cache_semantics: str = "rules") -> ReplayResult:
     """Replay ``requests`` under the cache configuration of ``record``.
 
     ``record`` supplies ``page_size``, ``max_total_tokens`` (capacity =
     ``max_total_tokens // page_size`` pages; ``None`` = unbounded), ``disable_radix_cache``,
     ``radix_eviction_policy`` and ``radix_eviction_policy_config``.  ``policy`` /
     ``policy_config`` override the last two; they are how replay-only policies
-    (``belady``) and non-choice ones (``fifo``) are selected.  ``requests`` may be a
+    (``belady``) and non-choice ones (``fifo``) are selected.  ``cache_semantics`` is
+    ``"rules"`` (``replay_rules.md``) or ``"sglang"`` (SGLang's node-granular radix cache;
+    see :mod:`sglang_hydra.cache.radix`).  ``requests`` may be a
     :class:`~sglang_hydra.workload.trace.Trace` or any iterable of requests.
     """
     if mode not in REPLAY_MODES:
@@ -181,7 +184,7 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
     if not disabled:
         # the tiered cache with HiCache off: the same tree and code as job.mode=sim/full
         tree = TieredCache(CountingMover(UNBOUNDED_PAGES if capacity is None else capacity), policy=pol,
-                           page_size=page_size, hierarchical=False)
+                           page_size=page_size, hierarchical=False, semantics=cache_semantics)
         if pol.needs_future:
             # next use per unit (block); a node's pages are evicted together, and any
             # later request that reads one of a block's pages reads its first page
