@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .specs import OBJECTIVES
+from ..config.objectives import objective_direction as _direction
 
 RESOLVER = "sglang_objective_direction"
 DEFAULT_OBJECTIVE = "ttft_p90_ms"
@@ -29,10 +29,7 @@ def objective_direction(objective: Optional[str]) -> str:
     """minimize / maximize for ``job.objective`` (unset or a job without objectives: minimize)."""
     if objective is None or objective == "":
         objective = DEFAULT_OBJECTIVE
-    try:
-        return OBJECTIVES[str(objective)]
-    except KeyError:
-        raise ValueError(f"unknown job.objective {objective!r}; allowed: {', '.join(OBJECTIVES)}") from None
+    return _direction(str(objective))
 
 
 def register_sweeper_defaults(cs=None) -> bool:
