@@ -400,7 +400,9 @@ def write_best_config(sweep_dir: Path, rows) -> Tuple[Optional[Dict[str, Any]], 
 
 
 def _settings_text(row, keys=None) -> str:
-    items = [(k, v) for k, v in row["_overrides"].items() if (keys is None or k in keys) and not k.startswith("hydra")]
+    """``key=value ...`` of a point: the given keys, or its server settings (not job.*, hydra*)."""
+    items = [(k, v) for k, v in row["_overrides"].items()
+             if (k in keys if keys is not None else not k.startswith(("job", "hydra")))]
     return " ".join(f"{k}={_val(v)}" for k, v in items) or "no overrides"
 
 
