@@ -1,0 +1,127 @@
+"""Sweep outputs a person can trust, through the real command line: failed.csv always there,
+one sweep per directory, an interrupted sweep still summarised, objectives a point cannot
+produce refused before the sweep, the terminal's account of the sweep."""
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+SMALL = ("job.max_requests=60", "job.mode=metadata", "schedule.page_size=512")
+SAMPLE = str(Path(__file__).resolve().parents[2] / "sglang_hydra" / "workload" / "data" / "conversation_sample.jsonl")
+
+
+def cli(*args):
+    return [sys.executable, "-m", "sglang_hydra", *args]
+
+
+def env():
+    e = dict(os.environ, PYTHONUNBUFFERED="1")
+    e.pop("SGLANG_HYDRA_TRACEBACK", None)
+    return e
+
+
+def run(*args, cwd, timeout=240):
+    return subprocess.run(cli(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env())
+
+
+def rows_of(path: Path):
+    return list(csv.DictReader(path.open()))
+
+
+def test_failed_csv_always_and_a_second_sweep_into_the_same_directory_is_refused(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = run("-m", "memory.radix_eviction_policy=lru,lfu", "job.objective=token_hit_rate", *SMALL,
+            f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (sweep / "failed.csv").read_text().splitlines() == ["run,status,exit_code,error,overrides"]
+    assert "sweep summary: 2 points" in r.stdout and "2 ok" in r.stdout
+    assert "best point by token_hit_rate (higher is better)" in r.stdout
+    before = sorted(p.name for p in sweep.iterdir())
+    again = run("-m", "memory.radix_eviction_policy=slru,priority", *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert again.returncode == 2, again.stderr
+    assert "Traceback" not in again.stderr
+    line = next(ln for ln in again.stderr.splitlines() if "hydra.sweep.dir" in ln)
+    assert str(sweep) in line and "already holds a sweep" in line and "hydra.sweep.dir=<new directory>" in line
+    assert sorted(p.name for p in sweep.iterdir()) == before       # nothing merged, nothing added
+    assert [row["memory.radix_eviction_policy"] for row in rows_of(sweep / "summary.csv")] == ["lru", "lfu"]
+
+
+def test_an_empty_existing_directory_is_fine(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    r = run("-m", "memory.radix_eviction_policy=lru,lfu", *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def _wait_for(predicate, proc, what, limit_s=180):
+    """Poll the file system for an event of the sweep (not a timing window): fails if the
+    process ends first or the event never comes within a generous bound."""
+    deadline = time.monotonic() + limit_s
+    while not predicate():
+        assert proc.poll() is None, f"the sweep ended before {what}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"no {what} after {limit_s} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig,code,name", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "SIGINT")])
+def test_an_interrupted_sweep_still_writes_its_summary(tmp_path, sig, code, name):
+    """Point 0 replays the sample; point 1 reads its trace from a FIFO nobody writes, so it
+    blocks until the signal; point 2 never starts.  The signal is sent once point 0 has
+    written its metrics and point 1 has started (its directory exists)."""
+    fifo = tmp_path / "never_written.jsonl"
+    os.mkfifo(fifo)
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen(cli("-m", f"job.trace={SAMPLE},{fifo},{SAMPLE}", "job.objective=token_hit_rate",
+                                *SMALL, f"hydra.sweep.dir={sweep}"),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    try:
+        _wait_for(lambda: (sweep / "0" / "metrics.json").is_file() and (sweep / "1" / ".hydra").is_dir(), proc,
+                  "point 0 finished and point 1 started")
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and f"interrupted ({name})" in err
+    rows = rows_of(sweep / "summary.csv")
+    assert [(row["run"], row["status"]) for row in rows] == [("0", "ok"), ("1", "interrupted")]
+    assert not (sweep / "2").exists()
+    failed = rows_of(sweep / "failed.csv")
+    assert [f["run"] for f in failed] == ["1"] and "interrupted" in failed[0]["error"]
+    best = (sweep / "best_config.yaml").read_text()
+    assert "(run 0, ok)" in best and yaml.safe_load(best) == {"schedule.page_size": 512}
+    assert (sweep / "summary.png").stat().st_size > 10_000
+    assert "sweep summary: 2 points" in out and "1 ok, 1 interrupted" in out
+
+
+@pytest.mark.parametrize("args,text", [
+    (("job.objective=prefill_throughput",), "prefill_throughput was retired: it counted uncached tokens"),
+    (("job.objective=block_hit_rate",), "block_hit_rate was retired"),
+    (("job.objective=token_hit_rate,ttft_p90_ms",), "ttft_p90_ms needs requests timed on the target, which "
+                                                    "hardware=local cannot do"),
+    (("hydra/sweeper=optuna", "hydra.sweeper.n_trials=2"), "ttft_p90_ms needs requests timed"),
+    (("hardware=local,h100_80gb", "job.objective=tokens_per_s_per_gpu"), "hardware=local cannot do"),
+], ids=["retired-prefill-throughput", "retired-block-hit-rate", "timed-on-local", "optuna-default-on-local",
+        "one-hardware-of-two"])
+def test_an_objective_a_point_cannot_produce_is_refused_before_the_sweep(tmp_path, args, text):
+    sweep = tmp_path / "sweep"
+    r = run("-m", "memory.radix_eviction_policy=lru,lfu", *args, *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and text in r.stderr and "job.objective" in r.stderr
+    assert not sweep.exists()                 # refused before any point ran
+
+
+def test_a_sweep_on_the_default_objective_without_timing_says_it_has_no_best_point(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = run("-m", "memory.radix_eviction_policy=lru,lfu", *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "no best point: no point produced ttft_p90_ms" in r.stdout
+    assert not (sweep / "best_config.yaml").exists()
