@@ -86,6 +86,10 @@ def _version() -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        from .config.showcase import SHOWCASE, showcase_note
+        print(showcase_note(), file=sys.stderr)
+        argv = list(SHOWCASE)
     if "--version" in argv:
         import hydra
         import omegaconf

@@ -7,6 +7,7 @@ import textwrap
 from typing import Any, Dict, List
 
 from .coerce import allowed_choices
+from .showcase import showcase_help_lines
 from .fields import NAMESPACES
 from .record import fields_of_namespace
 from .spec import flags_of, has_flag
@@ -203,6 +204,7 @@ def help_page() -> str:
         HEADER,
         "Settings are Hydra overrides (key=value, group=option) or the reference engine's",
         "flags; both may be mixed and the last occurrence of a setting wins.",
+        *showcase_help_lines(),
         "",
         "== Config groups ==", *config_group_lines(), "",
         "== Jobs: job=<name>, then job.<key>=value ==", *job_help_lines(),

@@ -125,3 +125,18 @@ def test_a_sweep_on_the_default_objective_without_timing_says_it_has_no_best_poi
     assert r.returncode == 0, r.stderr[-3000:]
     assert "no best point: no point produced ttft_p90_ms" in r.stdout
     assert not (sweep / "best_config.yaml").exists()
+
+
+def test_the_bare_command_shows_the_showcase_with_timed_requests(tmp_path):
+    """README's first command: a real model preset on a target GPU over the bundled trace,
+    said on stderr, with TTFT timed (not "off")."""
+    from sglang_hydra.config.showcase import SHOWCASE
+    from sglang_hydra.jobs.summary import flatten_metrics
+    r = run(cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "no arguments, so the what-if on its showcase settings: " + " ".join(SHOWCASE) in r.stderr
+    assert "off:" not in r.stdout and "Traceback" not in r.stderr
+    (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
+    assert yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) == list(SHOWCASE)
+    metrics = flatten_metrics(__import__("json").loads((run_dir / "metrics.json").read_text()))
+    assert metrics["ttft_p90_ms"] > 0 and metrics["host_memory_gb"] > 0
