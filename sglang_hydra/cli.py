@@ -277,6 +277,7 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
         _print_problems(ConfigError([hydra_problem(exc)]))
         return EXIT_CONFIG
     except Exception as exc:
+        _summarise_unfinished_sweeps()    # e.g. the Optuna sweeper failing when no trial completed
         _print_failure(exc)
         return EXIT_FAILED
     finally:
@@ -323,18 +324,25 @@ def _interrupted_sweeps(exc: KeyboardInterrupt) -> int:
         return code
     saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        from .jobs.summary import write_summary
-        for sweep_dir in unfinished:
-            print(f"sglang-hydra: interrupted ({name}); summarising the points of {sweep_dir} that finished",
-                  file=sys.stderr)
-            try:
-                write_summary(sweep_dir, report=True, interrupted=True)
-            except Exception as err:  # noqa: BLE001 - still report the interrupt itself
-                print(f"sglang-hydra: could not write the sweep summary in {sweep_dir}: {err}", file=sys.stderr)
+        print(f"sglang-hydra: interrupted ({name}); summarising the points that finished in "
+              f"{', '.join(map(str, unfinished))}", file=sys.stderr)
+        _summarise_unfinished_sweeps(interrupted=True)
     finally:
         for s, h in saved.items():
             signal.signal(s, h)
     return code
+
+
+def _summarise_unfinished_sweeps(interrupted: bool = False) -> None:
+    """The summary of every sweep this command started that did not reach its end."""
+    from .jobs import failures
+    from .jobs.summary import write_summary
+
+    for sweep_dir in [d for d in failures.SWEEPS_STARTED if d not in failures.SWEEP_RUNS]:
+        try:
+            write_summary(sweep_dir, report=True, interrupted=interrupted)
+        except Exception as err:  # noqa: BLE001 - still report what ended the sweep
+            print(f"sglang-hydra: could not write the sweep summary in {sweep_dir}: {err}", file=sys.stderr)
 
 
 def _report_sweeps() -> int:

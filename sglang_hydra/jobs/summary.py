@@ -101,13 +101,20 @@ def mark_failed_trial(job_return, job_dir: Path) -> bool:
         ok = math.isfinite(float(value))
     except (TypeError, ValueError):
         ok = False
-    if ok:
-        return False
-    reason = "the job returned no objective value"
+    status = None
     try:
-        m = json.loads((job_dir / "metrics.json").read_text())
-        reason = f"{m.get('status')}: {m.get('status_reason')}"
-    except (OSError, ValueError):
+        metrics = json.loads((job_dir / "metrics.json").read_text())
+        status = metrics.get("status")
+    except (OSError, ValueError, AttributeError):
+        metrics = None
+    if ok and status not in DEGRADED_STATES:
+        return False
+    # a saturated point's latency is backlog, and a point that rejected requests served
+    # fewer: neither value may be compared with an ok point's by the study
+    reason = "the job returned no objective value"
+    if metrics is not None:
+        reason = f"{status}: {metrics.get('status_reason') or 'see its metrics.json'}"
+    else:
         try:
             reason = json.loads((job_dir / "error.json").read_text()).get("error", reason)
         except (OSError, ValueError):
@@ -307,7 +314,8 @@ def write_summary(sweep_dir: Path, *, plots: bool = True, report: bool = False,
     try:
         if _has_replay_figures(rows):
             plot_summary(sweep_dir, rows, swept)
-            written.append("summary.png")
+            if (sweep_dir / "summary.png").exists():
+                written.append("summary.png")
             if plot_pareto(sweep_dir, rows, swept):
                 written.append("pareto.png")
         else:     # resolve/plan sweeps: the table is the answer; an empty chart is not
@@ -360,7 +368,10 @@ def pick_best(rows, objective: str, direction: str) -> Tuple[Optional[Dict[str, 
                       "reflects the backlog or the rejected requests, not just the settings")
     why = sorted({str(r.get("error") or r.get("status_reason") or "") for r in rows if r.get("error")
                   or r.get("status_reason")})
-    return None, f"no point produced {objective}" + (f" ({why[0]})" if why else "")
+    produced = any(_num(r.get(objective)) is not None for r in rows)
+    head = (f"every point with {objective} failed or broke a constraint" if produced
+            else f"no point produced {objective}")
+    return None, head + (f" ({why[0]})" if why else "")
 
 
 def write_best_config(sweep_dir: Path, rows) -> Tuple[Optional[Dict[str, Any]], str]:
@@ -640,6 +651,9 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
     x_key, cats = _axes_of(rows, swept)
     objective, _ = _objective_of(rows)
     panels = _panels(rows)
+    if not panels:      # no point has a figure to draw (all failed or infeasible): the tables say why
+        (sweep_dir / "summary.png").unlink(missing_ok=True)
+        return
     groups = _series(rows, x_key, cats)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 5.0), squeeze=False)

@@ -178,3 +178,18 @@ def test_pick_best_never_picks_failed_and_prefers_ok():
 def test_pareto_front_directions(dirs, expected):
     pts = [(10, 5.0), (20, 3.0), (20, 4.0), (40, 3.0), (80, 1.0), (5, 9.0)]
     assert sorted(pareto_front(pts, dirs)) == expected
+
+
+def test_a_saturated_trial_is_a_failed_trial_under_optuna(tmp_path, monkeypatch):
+    """Optuna would compare a saturated point's value (its latency is backlog) with ok ones."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from sglang_hydra.jobs import summary, sweeps
+    monkeypatch.setattr(sweeps, "under_optuna", lambda: True)
+    (tmp_path / "metrics.json").write_text(json.dumps(v2("saturated", hit=0.9)))
+    ret = JobReturn(status=JobStatus.COMPLETED, _return_value=0.9)
+    assert summary.mark_failed_trial(ret, tmp_path) and ret.status == JobStatus.FAILED
+    with pytest.raises(RuntimeError, match="saturated"):
+        ret.return_value
+    (tmp_path / "metrics.json").write_text(json.dumps(v2("ok", hit=0.5)))
+    ok = JobReturn(status=JobStatus.COMPLETED, _return_value=0.5)
+    assert not summary.mark_failed_trial(ok, tmp_path) and ok.return_value == 0.5

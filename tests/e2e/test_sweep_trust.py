@@ -140,3 +140,16 @@ def test_the_bare_command_shows_the_showcase_with_timed_requests(tmp_path):
     assert yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) == list(SHOWCASE)
     metrics = flatten_metrics(__import__("json").loads((run_dir / "metrics.json").read_text()))
     assert metrics["ttft_p90_ms"] > 0 and metrics["host_memory_gb"] > 0
+
+
+def test_an_optuna_study_whose_every_trial_fails_still_leaves_its_summary(tmp_path):
+    """Every trial over the host-memory budget: the Optuna plugin itself fails at the end (no
+    completed trial); the command exits 1 in one line and the tables of the trials are there."""
+    sweep = tmp_path / "opt"
+    r = run("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "memory=hicache",
+            "memory.hicache_ratio=interval(2,4)", "schedule.max_total_tokens=102400", "job.max_host_memory_gb=0.001",
+            "job.objective=token_hit_rate", *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "sweep summary: 2 points" in r.stdout and "2 infeasible" in r.stdout
+    assert "no best point: every point with token_hit_rate failed or broke a constraint" in r.stdout
+    assert [row["status"] for row in rows_of(sweep / "failed.csv")] == ["infeasible", "infeasible"]
