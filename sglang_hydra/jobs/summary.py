@@ -452,8 +452,10 @@ def report_lines(rows, swept, best, note: str) -> List[str]:
         value = _num(best.get(objective))
         unit = _METRIC_LABEL.get(objective, (objective, "", 1.0))
         shown = f"{_fmt(value * unit[2])} {unit[1]}".strip() if value is not None else "?"
+        ties = _ties(rows, best, objective)
+        tied = f", tied with {ties} other point{'s' if ties > 1 else ''}" if ties else ""
         lines.append(f"  best point by {objective} ({'lower' if direction == MINIMIZE else 'higher'} is better): "
-                     f"{shown} at {_settings_text(best)} (run {best['run']}); its settings: "
+                     f"{shown} at {_settings_text(best, swept or None)} (run {best['run']}{tied}); its settings: "
                      f"{sweep_dir / 'best_config.yaml'}")
         if note:
             lines.append(f"  note: {note}")
@@ -536,6 +538,18 @@ def _fmt(v: float) -> str:
     if a >= 1:
         return f"{v:.3g}" if a < 10 else f"{v:.1f}"
     return f"{v:.3g}"
+
+
+def _tick(v: float, _pos=None) -> str:
+    """An axis tick: 0, 2.5, 10, 1,500 (one style on a whole axis)."""
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:g}"
+
+
+def _ties(rows, best, metric: str) -> int:
+    """How many other eligible points have exactly the best point's value."""
+    v = _num(best.get(metric))
+    return sum(1 for r in rows if r is not best and r.get("status") == best.get("status")
+               and _num(r.get(metric)) is not None and math.isclose(_num(r.get(metric)), v, rel_tol=1e-9))
 
 
 def _ordered_labels(rows, cats) -> List[str]:
@@ -704,7 +718,14 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
                 ax.plot([bx], [by], marker="*", ms=18, color="gold", mec="black", zorder=5, ls="none",
                         label=f"best: {_fmt(by)} {unit}")
                 if metric == panels[0]:
-                    headline = f"best {name}: {_fmt(by)} {unit} at {_label(best, swept)}"
+                    ties = _ties(rows, best, metric)
+                    if ties and ties + 1 == len([r for r in rows if r.get("status") == best.get("status")]):
+                        headline = (f"every point gives the same {name} ({_fmt(by)} {unit}): the swept settings "
+                                    "make no difference to it here")
+                    else:
+                        headline = f"best {name}: {_fmt(by)} {unit} at {_label(best, swept)}"
+                        if ties:
+                            headline += f" (tied with {ties} other point{'s' if ties > 1 else ''})"
                     if best.get("status") != "ok":
                         headline += f" ({best['status']}: no point is ok)"
         better = "lower" if _direction_of(metric, rows) == MINIMIZE else "higher"
@@ -730,7 +751,7 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
         else:
             ax.set_xticks(range(len(rows)), [_label(r, swept)[:40] for r in rows], rotation=30, ha="right",
                           fontsize=8)
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _p: _fmt(v) if v else "0"))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_tick))
         if metric == "token_hit_rate":
             if any(_num(r.get("host_hit_rate")) or _num(r.get("storage_hit_rate")) for r in rows):
                 ax.plot([], [], "k-", label="all tiers")
@@ -874,7 +895,7 @@ def plot_pareto(sweep_dir: Path, rows, swept) -> bool:
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _p: _fmt(v) if v else "0"))
+        axis.set_major_formatter(matplotlib.ticker.FuncFormatter(_tick))
     what = "memory vs latency" if xm == "host_memory_gb" else "throughput per GPU vs speed per user"
     ax.set_title(_wrap(f"{what}  |  {_context_title(rows)}", fig), fontsize=10)
     ax.grid(alpha=0.3)
