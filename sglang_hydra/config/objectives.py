@@ -60,7 +60,3 @@ def objective_direction(objective: str) -> str:
             raise ValueError(f"job.objective={objective} was retired: {why}") from None
         raise ValueError(f"unknown job.objective {objective!r}; allowed: {', '.join(OBJECTIVES)}") from None
 
-
-def is_better(a: float, b: float, direction: str) -> bool:
-    """True when ``a`` beats ``b`` in ``direction``."""
-    return a < b if direction == MINIMIZE else a > b

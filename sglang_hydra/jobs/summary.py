@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hydra.experimental.callback import Callback
 
-from ..config.objectives import MAXIMIZE, MINIMIZE, OBJECTIVES
+from ..config.objectives import MINIMIZE, OBJECTIVES
 from .context import atomic_write
 
 #: results that come first in summary.csv, in this order (those no point has are left out)
@@ -478,7 +478,8 @@ def not_modelled_warnings(rows, swept) -> List[str]:
         if hit is None:
             continue
         values = sorted({_val(r["_overrides"].get(key)) for r in rows if key in r["_overrides"]})
-        out.append(f"sglang-hydra: warning: the simulation does not model {key} (swept over {', '.join(values)}): "
+        shown = ", ".join(values[:6]) + (f" and {len(values) - 6} more" if len(values) > 6 else "")
+        out.append(f"sglang-hydra: warning: the simulation does not model {key} (swept over {shown}): "
                    "its rows differ only in what the simulation does model, not by this setting")
     return out
 
