@@ -9,10 +9,10 @@ Retired names stay listed with the reason, so a command that still uses one is t
 replaced it rather than just "not allowed":
 
 * ``prefill_throughput`` measured *uncached* prompt tokens per second: a better cache
-  leaves fewer tokens to compute and scored lower.  ``tokens_per_s`` (all tokens served per
-  second) and ``token_hit_rate`` rise with a better cache.
-* ``block_hit_rate`` and ``ttft_mean_ms`` are not in the metrics schema (no mode of the
-  what-if produces them any more); ``token_hit_rate`` and ``ttft_p50_ms`` are.
+  leaves fewer tokens to compute and scored lower.  ``tokens_per_s_per_gpu`` (tokens served
+  per second per GPU) and ``token_hit_rate`` rise with a better cache.
+* ``block_hit_rate`` is not in the metrics schema (no mode of the what-if produces it any
+  more); ``token_hit_rate`` is.
 """
 from __future__ import annotations
 
@@ -23,12 +23,12 @@ MAXIMIZE = "maximize"
 
 #: objective -> direction (lower or higher is better)
 OBJECTIVES: Dict[str, str] = {
-    "ttft_p50_ms": MINIMIZE, "ttft_p90_ms": MINIMIZE, "ttft_p99_ms": MINIMIZE,
+    "ttft_p50_ms": MINIMIZE, "ttft_p90_ms": MINIMIZE, "ttft_p99_ms": MINIMIZE, "ttft_mean_ms": MINIMIZE,
     "tpot_p50_ms": MINIMIZE, "tpot_p90_ms": MINIMIZE, "tpot_p99_ms": MINIMIZE,
-    "itl_p90_ms": MINIMIZE, "e2e_p90_ms": MINIMIZE,
-    "tokens_per_s": MAXIMIZE, "tokens_per_s_per_gpu": MAXIMIZE, "tokens_per_s_per_user": MAXIMIZE,
-    "goodput_rps_per_gpu": MAXIMIZE, "requests_per_s": MAXIMIZE,
-    "token_hit_rate": MAXIMIZE, "host_memory_gb": MINIMIZE,
+    "itl_p90_ms": MINIMIZE, "e2e_p50_ms": MINIMIZE, "e2e_p90_ms": MINIMIZE, "e2e_p99_ms": MINIMIZE,
+    "transfer_p90_ms": MINIMIZE,
+    "tokens_per_s_per_gpu": MAXIMIZE, "tokens_per_s_per_user": MAXIMIZE, "goodput_rps_per_gpu": MAXIMIZE,
+    "requests_per_s": MAXIMIZE, "token_hit_rate": MAXIMIZE, "host_memory_gb": MINIMIZE,
 }
 
 #: objectives that need requests timed on the target: a hardware preset with compute and
@@ -41,9 +41,8 @@ UNTIMED_OBJECTIVES: Tuple[str, ...] = tuple(k for k in OBJECTIVES if k not in TI
 #: names that used to be objectives -> why they went and what to use instead
 RETIRED_OBJECTIVES: Dict[str, str] = {
     "prefill_throughput": "it counted uncached tokens per second, so a better cache scored lower; "
-                          "use tokens_per_s or token_hit_rate",
+                          "use tokens_per_s_per_gpu or token_hit_rate",
     "block_hit_rate": "no mode of the what-if produces it; use token_hit_rate",
-    "ttft_mean_ms": "the metrics give percentiles, not the mean; use ttft_p50_ms",
 }
 
 #: the hardware figures request timing needs (see TIMED_OBJECTIVES)

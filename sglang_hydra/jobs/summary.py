@@ -154,7 +154,10 @@ def flatten_metrics(data: Dict[str, Any]) -> Dict[str, Any]:
             from ..workload.metrics import flatten_metrics as replay_flatten
         except ImportError:
             replay_flatten = _flatten_by_leaf
-        flat = dict(replay_flatten(data))
+        try:
+            flat = dict(replay_flatten(data))
+        except ValueError:   # a leaf named twice: keep the first rather than lose the point
+            flat = _flatten_by_leaf(data)
     else:
         flat = dict(data)
     return {k: v for k, v in flat.items() if "." not in str(k) and k not in _NOT_RESULTS}
@@ -469,8 +472,8 @@ def not_modelled_warnings(rows, swept) -> List[str]:
     listed = set()
     for r in rows:
         items = r.get("not_modelled")
-        if isinstance(items, (list, tuple)):
-            listed |= {str(x) for x in items}
+        if isinstance(items, (list, tuple)):     # "key", "key=value" or "key=value: why"
+            listed |= {str(x).split(": ", 1)[0].split("=", 1)[0].strip() for x in items}
     out = []
     for key in swept:
         field = key.split(".")[-1]
