@@ -144,12 +144,31 @@ def _flatten_by_leaf(data: Dict[str, Any]) -> Dict[str, Any]:
 _DICT_LEAVES = ("rejected_reasons",)
 
 
+def _without_dict_leaves(data: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(the document without its dict-valued leaves, those leaves): a flattening that walks
+    into every dict would turn each rejection reason into a column of its own."""
+    whole: Dict[str, Any] = {}
+
+    def strip(node: Dict[str, Any]) -> Dict[str, Any]:
+        out = {}
+        for k, v in node.items():
+            if k in _DICT_LEAVES and isinstance(v, dict):
+                whole.setdefault(k, v)
+            elif isinstance(v, dict):
+                out[k] = strip(v)
+            else:
+                out[k] = v
+        return out
+    return strip(data), whole
+
+
 def flatten_metrics(data: Dict[str, Any]) -> Dict[str, Any]:
     """One point's ``metrics.json`` as ``{leaf name: value}``: schema 2 (nested groups), the
     estimate's flat keys and older flat metrics alike.  The point's settings are not results
     (they come from its overrides), nor are dotted keys older metrics copied from them."""
     data = {k: v for k, v in data.items() if k not in _NOT_RESULTS}
     if int(_num(data.get("schema_version")) or 1) >= 2:
+        data, whole = _without_dict_leaves(data)
         try:     # the replay's own flattening, where it has one
             from ..workload.metrics import flatten_metrics as replay_flatten
         except ImportError:
@@ -158,6 +177,7 @@ def flatten_metrics(data: Dict[str, Any]) -> Dict[str, Any]:
             flat = dict(replay_flatten(data))
         except ValueError:   # a leaf named twice: keep the first rather than lose the point
             flat = _flatten_by_leaf(data)
+        flat.update(whole)
     else:
         flat = dict(data)
     return {k: v for k, v in flat.items() if "." not in str(k) and k not in _NOT_RESULTS}

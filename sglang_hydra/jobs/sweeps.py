@@ -97,10 +97,10 @@ def _override_values(cmd, key: str) -> Optional[List[str]]:
 def objective_problems(cmd) -> List[Problem]:
     """An objective some point of the sweep cannot produce, found before the sweep runs.
 
-    A timed objective (TTFT, TPOT, throughput, goodput) needs hardware with compute and
-    memory-bandwidth figures; ``hardware=local`` has none.  Checked when the objective is
-    named (on the command line or in ``--config``) or when Optuna needs one; a grid sweep on
-    the default objective just reports that it has no best point."""
+    A timed objective (TTFT, TPOT, throughput, goodput; the default ``ttft_p90_ms`` is one)
+    needs hardware with compute and memory-bandwidth figures, and ``hardware=local`` has
+    none: rather than a sweep of points that end without their objective, the command
+    stops here, naming the hardware and what would work."""
     from ..config.hardware import compose_hardware
     from ..config.objectives import (OBJECTIVES, RETIRED_OBJECTIVES, TIMED_OBJECTIVES, TIMING_FIGURES,
                                      UNTIMED_OBJECTIVES)
@@ -114,9 +114,7 @@ def objective_problems(cmd) -> List[Problem]:
     if not with_objective:
         return []
     named = [str(v) for k, v, _src in cmd.job_settings if k == "objective"]
-    objectives = _override_values(cmd, "job.objective") or named[-1:]
-    if not objectives and any("sweeper=optuna" in o for o in cmd.hydra_only):
-        objectives = [DEFAULT_OBJECTIVE]
+    objectives = _override_values(cmd, "job.objective") or named[-1:] or [DEFAULT_OBJECTIVE]
     problems: List[Problem] = []
     for objective in objectives:
         if objective not in OBJECTIVES:

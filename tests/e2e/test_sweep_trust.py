@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-SMALL = ("job.max_requests=60", "job.mode=metadata", "schedule.page_size=512")
+SMALL = ("job.max_requests=60", "job.mode=metadata", "schedule.page_size=512", "hardware=h100_80gb")
+ON_LOCAL = tuple(a for a in SMALL if not a.startswith("hardware="))
 SAMPLE = str(Path(__file__).resolve().parents[2] / "sglang_hydra" / "workload" / "data" / "conversation_sample.jsonl")
 
 
@@ -113,18 +114,19 @@ def test_an_interrupted_sweep_still_writes_its_summary(tmp_path, sig, code, name
         "one-hardware-of-two"])
 def test_an_objective_a_point_cannot_produce_is_refused_before_the_sweep(tmp_path, args, text):
     sweep = tmp_path / "sweep"
-    r = run("-m", "memory.radix_eviction_policy=lru,lfu", *args, *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    r = run("-m", "memory.radix_eviction_policy=lru,lfu", *args, *ON_LOCAL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and text in r.stderr and "job.objective" in r.stderr
     assert not sweep.exists()                 # refused before any point ran
 
 
-def test_a_sweep_on_the_default_objective_without_timing_says_it_has_no_best_point(tmp_path):
+def test_the_default_objective_on_hardware_without_timing_is_refused_before_the_sweep(tmp_path):
     sweep = tmp_path / "sweep"
-    r = run("-m", "memory.radix_eviction_policy=lru,lfu", *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "no best point: no point produced ttft_p90_ms" in r.stdout
-    assert not (sweep / "best_config.yaml").exists()
+    r = run("-m", "memory.radix_eviction_policy=lru,lfu", *ON_LOCAL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "job.objective: ttft_p90_ms needs requests timed on the target, which hardware=local cannot do" in r.stderr
+    assert "[job: the job selection]" in r.stderr            # the job's default, not something the user typed
+    assert not sweep.exists()
 
 
 def test_the_bare_command_shows_the_showcase_with_timed_requests(tmp_path):
