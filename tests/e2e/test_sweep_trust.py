@@ -98,7 +98,7 @@ def test_an_interrupted_sweep_still_writes_its_summary(tmp_path, sig, code, name
     failed = rows_of(sweep / "failed.csv")
     assert [f["run"] for f in failed] == ["1"] and "interrupted" in failed[0]["error"]
     best = (sweep / "best_config.yaml").read_text()
-    assert "(run 0, ok)" in best and yaml.safe_load(best) == {"schedule.page_size": 512}
+    assert "(run 0, ok)" in best and yaml.safe_load(best) == {"hardware": "h100_80gb", "schedule.page_size": 512}
     assert (sweep / "summary.png").stat().st_size > 10_000
     assert "sweep summary: 2 points" in out and "1 ok, 1 interrupted" in out
 
