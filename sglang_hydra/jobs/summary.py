@@ -602,7 +602,8 @@ def _context_title(rows) -> str:
     parts = []
     if trace:
         trace = Path(str(trace)).name if "/" in str(trace) else str(trace)
-        scale = _num(r.get("time_scale"))
+        scales = {_num(x.get("time_scale")) for x in rows if x.get("status") not in FAILED_STATES}
+        scale = _num(r.get("time_scale")) if len(scales) == 1 else None     # a swept scale is on the x axis
         parts.append(trace + (f" (arrival times x{scale:g})" if scale is not None and scale != 1.0 else ""))
     if model or hw:
         parts.append(" on ".join(str(x) for x in (model, hw) if x))

@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-SMALL = ("job.max_requests=60", "job.mode=metadata", "schedule.page_size=512", "hardware=h100_80gb")
+# tiny's own context is shorter than most of the sample's prompts: a replay that rejects such
+# requests (schema 2) would mark every point "rejected"
+SMALL = ("job.max_requests=60", "job.mode=metadata", "schedule.page_size=512", "model.context_length=131072",
+         "hardware=h100_80gb")
 ON_LOCAL = tuple(a for a in SMALL if not a.startswith("hardware="))
 SAMPLE = str(Path(__file__).resolve().parents[2] / "sglang_hydra" / "workload" / "data" / "conversation_sample.jsonl")
 
@@ -98,7 +101,8 @@ def test_an_interrupted_sweep_still_writes_its_summary(tmp_path, sig, code, name
     failed = rows_of(sweep / "failed.csv")
     assert [f["run"] for f in failed] == ["1"] and "interrupted" in failed[0]["error"]
     best = (sweep / "best_config.yaml").read_text()
-    assert "(run 0, ok)" in best and yaml.safe_load(best) == {"hardware": "h100_80gb", "schedule.page_size": 512}
+    assert "(run 0, ok)" in best and yaml.safe_load(best) == {"hardware": "h100_80gb", "model.context_length": 131072,
+                                                               "schedule.page_size": 512}
     assert (sweep / "summary.png").stat().st_size > 10_000
     assert "sweep summary: 2 points" in out and "1 ok, 1 interrupted" in out
 
@@ -150,7 +154,8 @@ def test_an_optuna_study_whose_every_trial_fails_still_leaves_its_summary(tmp_pa
     sweep = tmp_path / "opt"
     r = run("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "memory=hicache",
             "memory.hicache_ratio=interval(2,4)", "schedule.max_total_tokens=102400", "job.max_host_memory_gb=0.001",
-            "job.objective=token_hit_rate", *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+            "job.objective=token_hit_rate", *(a for a in SMALL if a != "job.mode=metadata"),
+            f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "sweep summary: 2 points" in r.stdout and "2 infeasible" in r.stdout
     assert "no best point: every point with token_hit_rate failed or broke a constraint" in r.stdout
@@ -162,8 +167,8 @@ def test_a_saturated_point_is_said_and_never_the_best(tmp_path):
     saturated point is a status of its own in the table and the terminal, and the best point
     by P90 TTFT is the unsaturated one.  Needs the replay's schema-2 metrics (their status)."""
     sweep = tmp_path / "sweep"
-    r = run("-m", "model=llama3_8b", "hardware=h100_80gb", "job.time_scale=1,200", "job.max_requests=300",
-            "job.objective=ttft_p90_ms", f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=400)
+    r = run("-m", "model=llama3_8b", "model.context_length=131072", "hardware=h100_80gb", "job.time_scale=1,200",
+            "job.max_requests=300", "job.objective=ttft_p90_ms", f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     import json
     if "schema_version" not in json.loads((sweep / "0" / "metrics.json").read_text()):
