@@ -710,11 +710,17 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
             style = "-" if len(ok) <= 12 else ""
             if ok:
                 ax.plot([x for x, _, _ in ok], [y * scale for _, y, _ in ok], style, color=c, label=label, lw=1.5)
+                marks: Dict[Tuple[str, bool], List[Tuple[float, float]]] = {}
                 for x, y, r in ok:    # ok points filled; saturated or rejecting points hollow
                     degraded = r.get("status") in DEGRADED_STATES or (_num(r.get("rejected_requests")) or 0) > 0
                     off = top is not None and y * scale > top
-                    ax.plot([x], [min(y * scale, top * 0.97) if off else y * scale], "^" if off else "o", ms=6,
-                            color=c, mfc="white" if degraded else c, mew=1.5, clip_on=False)
+                    marks.setdefault(("^" if off else "o", degraded), []).append(
+                        (x, min(y * scale, top * 0.97) if off else y * scale))
+                for (marker, degraded), xy in marks.items():    # one artist per kind keeps drawing fast
+                    ax.plot([p[0] for p in xy], [p[1] for p in xy], marker, ls="none", ms=6, color=c,
+                            mfc="white" if degraded else c, mew=1.5, clip_on=False)
+                for x, y, r in ok:
+                    off = top is not None and y * scale > top
                     notes = []
                     if r.get("status") == "saturated":
                         notes.append("saturated" + (f": {_fmt(y * scale)} {unit} (off the scale)" if off else ""))
@@ -883,13 +889,17 @@ def plot_pareto(sweep_dir: Path, rows, swept) -> bool:
     fig, ax = plt.subplots(figsize=(7.5, 5.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     labels = _ordered_labels(rows, cats)
-    for r in pts:
-        c = colors[labels.index(_label(r, cats)) % len(colors)]
-        x, y = _num(r[xm]) * xs, _num(r[ym]) * ys
-        if r["status"] == "infeasible":
-            ax.plot(x, y, "x", color="red", ms=9)
+    kinds: Dict[Tuple[str, str], List[Tuple[float, float]]] = {}
+    for r in pts:     # one artist per label and kind keeps drawing fast
+        kind = "infeasible" if r["status"] == "infeasible" else ("hollow" if r["status"] in DEGRADED_STATES else "ok")
+        kinds.setdefault((_label(r, cats), kind), []).append((_num(r[xm]) * xs, _num(r[ym]) * ys))
+    for (lab, kind), xy in kinds.items():
+        c = colors[labels.index(lab) % len(colors)]
+        if kind == "infeasible":
+            ax.plot([p[0] for p in xy], [p[1] for p in xy], "x", ls="none", color="red", ms=9)
         else:
-            ax.plot(x, y, "o", color=c, mfc="white" if r["status"] in DEGRADED_STATES else c, mew=1.5)
+            ax.plot([p[0] for p in xy], [p[1] for p in xy], "o", ls="none", color=c,
+                    mfc="white" if kind == "hollow" else c, mew=1.5)
     shown = {_label(r, cats) for r in pts if r["status"] != "infeasible"}
     for lab in labels:
         if lab in shown:
