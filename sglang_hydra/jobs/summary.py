@@ -473,7 +473,7 @@ def report_lines(rows, swept, best, note: str) -> List[str]:
     objective, direction = _objective_of(rows)
     if best is not None:
         value = _num(best.get(objective))
-        unit = _METRIC_LABEL.get(objective, (objective, "", 1.0))
+        unit = _label_of(objective, rows)
         shown = f"{_fmt(value * unit[2])} {unit[1]}".strip() if value is not None else "?"
         ties = _ties(rows, best, objective)
         tied = f", tied with {ties} other point{'s' if ties > 1 else ''}" if ties else ""
@@ -626,6 +626,17 @@ _METRIC_LABEL = {
 }
 
 
+def _label_of(metric: str, rows) -> Tuple[str, str, float]:
+    """(name, unit, factor) for a chart or a line: a latency under a second reads in ms."""
+    name, unit, scale = _METRIC_LABEL.get(metric, (metric, "", 1.0))
+    if unit == "s":
+        values = [_num(r.get(metric)) for r in rows if r.get("status") not in FAILED_STATES + DEGRADED_STATES]
+        values = [v for v in values if v is not None]
+        if values and max(values) < 1000.0:
+            return name, "ms", 1.0
+    return name, unit, scale
+
+
 def _direction_of(metric: str, rows) -> str:
     objective, direction = _objective_of(rows)
     return direction if metric == objective else OBJECTIVES.get(metric, MINIMIZE)
@@ -701,7 +712,7 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
     rejecting = [r for r in rows if (_num(r.get("rejected_requests")) or 0) > 0 or r.get("status") == "rejected"]
     headline = ""
     for ax, metric in zip(axes[0], panels):
-        name, unit, scale = _METRIC_LABEL.get(metric, (metric, "", 1.0))
+        name, unit, scale = _label_of(metric, rows)
         top = _clip_top(rows, metric, scale)
         for gi, (label, pts) in enumerate(groups.items()):
             c = colors[gi % len(colors)]
