@@ -503,7 +503,7 @@ def not_modelled_warnings(rows, swept) -> List[str]:
         values = sorted({_val(r["_overrides"].get(key)) for r in rows if key in r["_overrides"]})
         shown = ", ".join(values[:6]) + (f" and {len(values) - 6} more" if len(values) > 6 else "")
         out.append(f"sglang-hydra: warning: the simulation does not model {key} (swept over {shown}): "
-                   "its rows differ only in what the simulation does model, not by this setting")
+                   "its values give the same answer, and any difference between rows comes from the other swept settings")
     return out
 
 

@@ -178,3 +178,20 @@ def test_a_saturated_point_is_said_and_never_the_best(tmp_path):
     assert "1 saturated" in r.stdout and "run 0 [job.time_scale=1]" in r.stdout
     assert "best point by ttft_p90_ms (lower is better)" in r.stdout and "(run 1)" in r.stdout
     assert "(run 1, ok)" in (sweep / "best_config.yaml").read_text()
+
+
+def test_a_sweep_over_a_setting_the_simulation_ignores_warns_once(tmp_path):
+    """The metrics list the settings the simulation does not read (``not_modelled``); a sweep
+    over one says so once, naming the key, instead of leaving identical rows unexplained.
+    Needs the replay's schema-2 metrics (their not_modelled list)."""
+    sweep = tmp_path / "sweep"
+    r = run("-m", "observability.enable_metrics=true,false", "job.objective=token_hit_rate", *SMALL,
+            f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+    if "not_modelled" not in json.loads((sweep / "0" / "metrics.json").read_text()):
+        pytest.skip("the replay on this branch lists no not-modelled settings")
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("sglang-hydra: warning: the simulation does not model")]
+    assert warnings == ["sglang-hydra: warning: the simulation does not model observability.enable_metrics (swept over "
+                        "False, True): its values give the same answer, and any difference between rows comes from "
+                        "the other swept settings"]
