@@ -107,10 +107,12 @@ def mark_failed_trial(job_return, job_dir: Path) -> bool:
         status = metrics.get("status")
     except (OSError, ValueError, AttributeError):
         metrics = None
-    if ok and status not in DEGRADED_STATES:
+    if ok and status != "saturated":
         return False
-    # a saturated point's latency is backlog, and a point that rejected requests served
-    # fewer: neither value may be compared with an ok point's by the study
+    # a saturated point's latency is backlog that grows with the trace: the study must not
+    # compare it with an ok point's.  (A point that rejected requests keeps its value: its
+    # figures cover the requests it served, and when every point rejects the same requests
+    # failing them all would end the study with nothing.)
     reason = "the job returned no objective value"
     if metrics is not None:
         reason = f"{status}: {metrics.get('status_reason') or 'see its metrics.json'}"
