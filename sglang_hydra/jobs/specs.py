@@ -108,12 +108,8 @@ class CalibrateJob:
     format: str = "table"                # table | json
 
 
-#: what job.objective may name, and which way is better
-OBJECTIVES: Dict[str, str] = {
-    "ttft_p50_ms": "minimize", "ttft_p90_ms": "minimize", "ttft_p99_ms": "minimize",
-    "ttft_mean_ms": "minimize", "token_hit_rate": "maximize", "block_hit_rate": "maximize",
-    "prefill_throughput": "maximize", "host_memory_gb": "minimize",
-}
+#: what job.objective may name, and which way is better (one table: config/objectives.py)
+from ..config.objectives import OBJECTIVES  # noqa: E402
 
 
 @dataclass
