@@ -1,10 +1,13 @@
-"""What a what-if sweep costs: one simulated point, a 12-point joblib sweep, and growth with trace length.
+"""What a what-if sweep costs: one simulated point, deployments, a 12-point joblib sweep, growth with trace length.
 
     python scripts/bench_whatif.py [--trace PATH] [--repeat 3] [--mode sim] [--json out.json]
 
-* point: ``job=replay`` on model=llama3_8b hardware=h100_80gb memory=hicache, in process
-  (the job function: replay + TTFT timeline + plan + files); the first call also parses the
-  trace, later calls reuse it (as sweep points in one process do).  Goal: <= 2 s.
+* point: ``job=replay`` on model=llama3_1_8b hardware=h100_80gb memory=hicache, in process
+  (the job function: the deployment simulation with decode, plan, files); the first call also
+  parses the trace, later calls reuse it (as sweep points in one process do).  Goal: <= 3 s.
+* deployments: the same job (metadata cache) for one engine (saturated), ``parallel.dp_size=8``,
+  ``deploy.workers=4`` with the cache-aware router, and ``deploy=pd`` 3P1D over NIXL; CPU
+  medians and the ratio to the one-engine point of the same run.
 * sweep: ``sglang-hydra -m memory.hicache_ratio=1,2,4 memory.radix_eviction_policy=lru,lfu,slru,ghost_lru
   hydra/launcher=joblib hydra.launcher.n_jobs=2``, whole command wall time.  Goal: <= 30 s.
 * growth: the point on the trace concatenated 1x, 4x and 16x (copy k shifted by k x the
@@ -28,7 +31,46 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BASE = ["model=llama3_8b", "hardware=h100_80gb", "memory=hicache"]
+BASE = ["model=llama3_1_8b", "hardware=h100_80gb", "memory=hicache"]
+DEPLOYMENTS = {                     # name -> (overrides, deploy settings, PD sides or None)
+    "1 engine": ([], None, None),
+    "dp_size=8": (["parallel.dp_size=8"], None, None),
+    "4 workers, cache_aware": ([], {"workers": 4, "router_policy": "cache_aware"}, None),
+    "pd 3P1D nixl": (["disagg.disaggregation_transfer_backend=nixl"],
+                     {"prefill_workers": 3, "decode_workers": 1, "router_policy": "round_robin"}, True),
+}
+
+
+def deployment_seconds(trace: str, repeat: int, out: Path) -> dict:
+    """CPU and wall seconds of one job=replay point per deployment (median of ``repeat``)."""
+    from types import SimpleNamespace
+    from sglang_hydra.config.compose import compose
+    from sglang_hydra.jobs.context import JobContext
+    from sglang_hydra.jobs import replay as job_replay
+
+    res = {}
+    for name, (ovs, deploy, pd) in DEPLOYMENTS.items():
+        record, composed = compose(["model=llama3_1_8b", "hardware=h100_80gb", f"job.trace={trace}",
+                                    "job.progress=false"] + ovs)
+        target = record
+        if pd:
+            target = SimpleNamespace(servers=(SimpleNamespace(role="prefill", record=record),
+                                              SimpleNamespace(role="decode", record=record)))
+        job_replay.load_requests(composed.job)            # parse once, outside the timing
+        cpu, wall = [], []
+        for i in range(repeat):
+            ctx = JobContext(output_dir=out / f"{len(res)}-{i}", multirun=True, hardware=composed.hardware,
+                             deploy=deploy)
+            t0, c0 = time.perf_counter(), time.process_time()
+            job_replay.run(target, composed.job, ctx)
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        doc = json.loads((out / f"{len(res)}-{repeat - 1}" / "metrics.json").read_text())
+        res[name] = {"cpu_s": statistics.median(cpu), "wall_s": statistics.median(wall), "status": doc["status"],
+                     "ttft_p90_ms": doc["latency"]["ttft_p90_ms"], "tpot_p90_ms": doc["latency"]["tpot_p90_ms"],
+                     "tokens_per_s_per_gpu": doc["throughput"]["tokens_per_s_per_gpu"],
+                     "token_hit_rate": doc["cache"]["token_hit_rate"], "gpus": doc["deployment"]["gpus"]}
+    return res
 
 
 def point_seconds(trace: str, mode: str, repeat: int, out: Path) -> dict:
@@ -46,7 +88,7 @@ def point_seconds(trace: str, mode: str, repeat: int, out: Path) -> dict:
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     return {"first_s": times[0], "median_s": statistics.median(times[1:] or times), "runs": times,
-            "first_cpu_s": cpu[0], "median_cpu_s": statistics.median(cpu[1:] or cpu), "ttft_p90_ms": value}
+            "first_cpu_s": cpu[0], "median_cpu_s": statistics.median(cpu[1:] or cpu), "objective": value}
 
 
 def sweep_seconds(trace: str, mode: str, out: Path) -> float:
@@ -92,7 +134,15 @@ def main() -> int:
         p = point_seconds(args.trace, args.mode, args.repeat, tmp)
         results["point"] = p
         print(f"one point: first {p['first_s']:.2f} s (parses the trace), median of the rest {p['median_s']:.2f} s "
-              f"wall, {p['median_cpu_s']:.2f} s CPU (goal <= 2 s); P90 TTFT {p['ttft_p90_ms'] / 1000:.2f} s")
+              f"wall, {p['median_cpu_s']:.2f} s CPU (goal <= 3 s)")
+        dep = deployment_seconds(args.trace, args.repeat, tmp / "deployments")
+        results["deployments"] = dep
+        base = dep["1 engine"]["cpu_s"]
+        print("deployment                 GPUs  CPU s  ratio  wall s  status     TTFT P90 ms  TPOT P90 ms  tok/s/GPU  hit")
+        for name, d in dep.items():
+            print(f"{name:<26} {d['gpus']:>4}  {d['cpu_s']:5.2f}  {d['cpu_s'] / base:5.2f}  {d['wall_s']:6.2f}  "
+                  f"{d['status']:<9} {d['ttft_p90_ms']:12,.1f} {d['tpot_p90_ms']:12.2f} {d['tokens_per_s_per_gpu']:10.1f}"
+                  f"  {d['token_hit_rate']:.3f}")
         if not args.skip_sweep:
             wall = sweep_seconds(args.trace, args.mode, tmp / "sweep")
             results["sweep_12_joblib2_s"] = wall

@@ -154,9 +154,36 @@ def _deployment(request) -> int:
 
     def run() -> int:
         target, job_name, job = compose_deployment(request)
-        return _job_status(run_job(job_name, target, job, JobContext()))
+        # the deploy.* keys and the target hardware, for jobs that simulate the deployment (replay)
+        from .config.deploy import _deploy_settings
+        settings, _explicit = _deploy_settings(request, [])
+        ctx = JobContext(hardware=_deployment_hardware(request), deploy=settings)
+        return _job_status(run_job(job_name, target, job, ctx))
 
     return _run_reported(run)
+
+
+def _deployment_hardware(request):
+    """``hardware=<preset>`` and ``hardware.<field>=<value>`` of a deployment command's shared part
+    (None when it names none: the job then sees no target, as on this machine)."""
+    from .config.errors import ConfigError
+    from .config.hardware import compose_hardware
+
+    option, settings = None, []
+    for tok in request.shared_argv:
+        key, eq, value = str(tok).partition("=")
+        if not eq:
+            continue
+        if key == "hardware":
+            option = value
+        elif key.startswith("hardware."):
+            settings.append((key.split(".", 1)[1], value, "command line"))
+    if option is None and not settings:
+        return None
+    hardware, problems = compose_hardware(option, settings)
+    if problems:
+        raise ConfigError(problems)
+    return hardware
 
 
 def _run_reported(run: Callable[[], int]) -> int:

@@ -522,7 +522,24 @@ def _job_values(job_name: str, job_settings, problems: List[Problem]) -> Dict[st
     cls = spec.config_cls
     out = {f.name: (f.default_factory() if f.default_factory is not MISSING else f.default) for f in dc_fields(cls)}
     types = {f.name: f.type for f in dc_fields(cls)}
+    import dataclasses
+    groups = {k: v for k, v in out.items() if dataclasses.is_dataclass(v)}   # nested settings: job.sla.ttft_ms
+    for k, v in groups.items():
+        out[k] = dataclasses.asdict(v)
     for k, v, src in job_settings:
+        head, dot, rest = k.partition(".")
+        if dot and head in groups:
+            sub_types = {f.name: f.type for f in dc_fields(groups[head])}
+            if rest not in sub_types:
+                problems.append(Problem(f"job.{k}", None, f"job '{job_name}' has no setting '{k}'; "
+                                        f"{head} has: {', '.join(f'{head}.{n}' for n in sub_types)}", src))
+                continue
+            v, err = _coerce_job(sub_types[rest], v)
+            if err:
+                problems.append(Problem(f"job.{k}", None, err, src))
+                continue
+            out[head] = dict(out[head], **{rest: v})
+            continue
         if k not in out or k == "name":
             problems.append(Problem(f"job.{k}", None, f"job '{job_name}' has no setting '{k}'{did_you_mean(k, [n for n in out if n != 'name'])}", src))
             continue

@@ -32,9 +32,35 @@ class Hardware:
     gpu_memory_gb: Optional[float] = arg(None, "Usable device memory (HBM) per GPU, in GB (1e9 B).", gt=0.0)
     hbm_bandwidth_gbps: Optional[float] = arg(None, "Device memory bandwidth per GPU, GB/s.", gt=0.0)
     bf16_tflops: Optional[float] = arg(None, "Dense BF16 tensor throughput per GPU, TFLOP/s (no sparsity).", gt=0.0)
-    prefill_efficiency: float = arg(
-        0.5, "Share of the dense BF16 peak a prefill reaches (an assumption, not a spec figure).",
+    # --- pass-time model (sglang_hydra.perf): each operation class runs at an efficiency
+    # share of a peak; presets derive them from measured kernel tables and say so.
+    gemm_efficiency: float = arg(
+        0.7, "Share of the dense BF16 peak a large GEMM reaches (many tokens).", gt=0.0, le=1.0)
+    gemm_half_tokens: float = arg(
+        64.0, "Tokens (GEMM rows) at which a GEMM reaches half of gemm_efficiency; smaller GEMMs are "
+        "memory-bound anyway.", ge=0.0)
+    memory_efficiency: float = arg(
+        0.8, "Share of hbm_bandwidth_gbps that weight reads and element-wise kernels reach.", gt=0.0, le=1.0)
+    attention_prefill_efficiency: float = arg(
+        0.5, "Share of the dense BF16 peak causal prefill attention (flash attention) reaches.",
         gt=0.0, le=1.0)
+    attention_decode_efficiency: float = arg(
+        0.6, "Share of hbm_bandwidth_gbps decode attention reaches reading the KV cache.", gt=0.0, le=1.0)
+    allreduce_efficiency: float = arg(
+        0.6, "Share of the tensor-parallel link bandwidth a large all-reduce reaches.", gt=0.0, le=1.0)
+    allreduce_latency_us: float = arg(
+        10.0, "Fixed microseconds of one all-reduce (launch and synchronisation).", ge=0.0)
+    kernel_floor_us: float = arg(
+        3.0, "Shortest time any one kernel takes, microseconds (launch and tail effects).", ge=0.0)
+    pass_overhead_us: float = arg(
+        0.0, "Fixed microseconds per forward pass beyond its kernels (scheduling, sampling).", ge=0.0)
+    tp_link: str = arg(
+        "nvlink", "The link tensor-parallel all-reduces cross: nvlink (nvlink_gbps) or pcie (h2d_gbps).",
+        choices=("nvlink", "pcie"))
+    nvlink_gbps: Optional[float] = arg(
+        None, "NVLink bandwidth per GPU, one direction, GB/s; null: no NVLink.", gt=0.0)
+    nic_gbps: Optional[float] = arg(
+        None, "Network bandwidth per GPU for cross-node KV transfer, one direction, GB/s.", gt=0.0)
     h2d_gbps: Optional[float] = arg(None, "Host-to-device copy rate per GPU, GB/s (one direction).", gt=0.0)
     d2h_gbps: Optional[float] = arg(None, "Device-to-host copy rate per GPU, GB/s (one direction).", gt=0.0)
     host_memory_gb: Optional[float] = arg(

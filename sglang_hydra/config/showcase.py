@@ -8,7 +8,7 @@ for the machine at hand, but a tiny model on an uncalibrated machine cannot time
 from __future__ import annotations
 
 #: the overrides of the bare command
-SHOWCASE = ("job=replay", "model=llama3_8b", "hardware=h100_80gb", "memory=hicache")
+SHOWCASE = ("job=replay", "model=llama3_1_8b", "hardware=h100_80gb", "memory=hicache", "parallel.dp_size=8")
 
 
 def showcase_note() -> str:

@@ -18,6 +18,7 @@ class JobContext:
     # directory itself (Hydra saves its own on the @hydra.main path).
     config: Optional[Dict[str, Any]] = None
     hardware: Any = None                  # config.hardware.Hardware to size for (None: local)
+    deploy: Any = None                    # the deploy.* settings (DeploySettings) of a deployment command
     _made: bool = field(default=False, repr=False)
 
     def out_dir(self) -> Path:

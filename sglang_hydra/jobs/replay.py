@@ -1,15 +1,20 @@
-"""``job=replay``: a trace through the prefix cache, timed by the TTFT model.
+"""``job=replay``: a trace through the whole deployment, simulated (``docs/whatif.md``).
 
-Writes ``replay.json`` (everything, including the TTFT model's assumptions) and
-``metrics.json`` (flat: per-tier hit rates, TTFT percentiles, host memory, the overrides
-that define the point) into the job dir, and returns ``job.objective`` as a float: that is
-the value Hydra hands to a sweeper (Optuna minimises or maximises it, see OBJECTIVES).
+The record (``deploy=single``: ``deploy.workers`` servers of ``parallel.dp_size`` engines) or the
+two records of ``deploy=pd`` become a :class:`~sglang_hydra.workload.deployment.DeploymentModel`;
+:func:`~sglang_hydra.workload.deployment.simulate` replays the trace through it; the job writes
+``replay.json`` and ``metrics.json`` (the same nested document, ``schema_version`` 2: groups of
+unit-suffixed leaves, every leaf name unique, so ``flatten_metrics`` gives one flat row) and returns
+``job.objective`` (a leaf name) as a float for Hydra's sweepers.
 
-Modes: ``metadata`` (one device tier, decisions only), ``sim`` (device/host/storage tiers,
-no bytes; the default when HiCache is on) and ``full`` (real KV bytes).
+Requests longer than the context (``model.context_length``, else ``max_position_embeddings``) are
+rejected as SGLang rejects them, or truncated with ``model.allow_auto_truncate`` (serving flag);
+requests the KV pool can never hold are rejected too.  A point whose queue still grows at the end
+of the trace is ``saturated``: its latencies are backlog, not latency.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -21,14 +26,31 @@ from .sweeps import objective_direction
 GiB = 1024 ** 3
 GB = 1e9
 
-
 _TRACE_CACHE: Dict[tuple, Any] = {}
+#: objectives that need timed passes (all but the cache and memory ones)
+CACHE_OBJECTIVES = ("token_hit_rate", "host_memory_gb")
+#: deploy.* keys the simulation uses
+MODELLED_DEPLOY_KEYS = ("workers", "prefill_workers", "decode_workers", "router_policy", "total_gpus")
+#: job.* keys that change the simulation's answer
+MODELLED_JOB_KEYS = ("trace", "workload", "max_requests", "mode", "policy", "time_scale", "arrival", "seed",
+                     "sla", "sla.ttft_ms", "sla.tpot_ms", "cache_semantics", "conversations", "turns")
+#: what no setting changes because the simulation does not model it
+NOT_MODELLED_ALWAYS = [
+    "speculative decoding, LoRA adapters, multimodal inputs and structured output (their settings change nothing here)",
+    "priority scheduling and preemption (schedule.enable_priority_scheduling): requests are scheduled by schedule_policy only",
+    "the overlap scheduler, CUDA graphs and torch.compile: each pass costs what the pass model says, no CPU time between passes",
+    "tokenisation, detokenisation, HTTP and the network between client, router and servers",
+    "pipeline parallelism (parallel.pp_size), expert parallelism and attention data parallelism",
+    "the decode side's prefix cache in deploy=pd (off by default in SGLang, as here)",
+]
 
 
 def _cached_trace(path, on_bad_line: str):
     """Sweep points in one process (basic launcher, Optuna) parse the same trace once."""
     from pathlib import Path
-    from ..workload.trace import load_trace
+    from ..workload.trace import load_trace, trace_path
+    if path:
+        path = trace_path(str(path))      # a bundled trace's name -> its file
     key = (str(path), on_bad_line)
     try:
         st = Path(path).stat() if path else None
@@ -63,79 +85,6 @@ def replay_mode(record, job: dict) -> str:
     return "sim" if getattr(record, "enable_hierarchical_cache", False) else "metadata"
 
 
-def make_timeline(record, hardware) -> Tuple[Any, Optional[str]]:
-    """(PrefillTimeline, None), or (None, why TTFT cannot be modelled for this record/hardware)."""
-    from ..workload.ttft import HardwareSpec, ModelShape, PrefillTimeline, default_chunk_tokens
-
-    if hardware is None:
-        return None, "no hardware selected; choose one, e.g. hardware=h100_80gb"
-    try:
-        hw = HardwareSpec.from_any(hardware)
-    except ValueError as exc:
-        name = getattr(hardware, "name", None) or (hardware.get("name") if isinstance(hardware, dict) else "?")
-        get = (lambda f: hardware.get(f)) if isinstance(hardware, dict) else (lambda f: getattr(hardware, f, None))
-        missing = [f for f in ("bf16_tflops", "prefill_efficiency", "hbm_bandwidth_gbps", "h2d_gbps") if not get(f)]
-        what = f"has no {', '.join(missing)}" if missing else f"has unusable figures ({exc})"
-        return None, (f"hardware '{name}' {what}; choose a preset such as hardware=h100_80gb, "
-                      "or measure this GPU with job=calibrate")
-    try:
-        model = ModelShape.from_record(record)
-    except ValueError as exc:
-        return None, str(exc)
-    return PrefillTimeline(hw, model, chunk_tokens=default_chunk_tokens(record, hw)), None
-
-
-def _per_request_device_hits(record, reqs, hit_pages: List[int]) -> List[int]:
-    ps = int(record.page_size or 1)
-    return [min(k * ps, r.input_length) for r, k in zip(reqs, hit_pages)]
-
-
-def time_device_hits(timeline, reqs, hit_tokens: List[int], time_scale: float = 1.0) -> None:
-    """Feed a single-tier replay's per-request hits to the timeline (every hit on device)."""
-    serve = timeline.serve
-    scale = time_scale / 1000.0       # trace timestamps are in ms
-    for r, h in zip(reqs, hit_tokens):
-        serve(r.timestamp * scale, r.input_length, h, 0, 0)
-
-
-def memory_plan(record, hardware):
-    """The memory plan for ``record`` on ``hardware`` (nothing allocated; bad sizes are config errors)."""
-    from ..memory.errors import MemorySetupError
-    from ..memory.plan import make_plan
-
-    try:
-        return make_plan(record, hardware=hardware, check_io=False)
-    except MemorySetupError as exc:
-        raise ConfigError(exc.problems) from None
-    except ValueError as exc:  # an unknown weight dtype and the like
-        raise ConfigError([Problem("model", None, str(exc), "plan")]) from None
-
-
-def host_memory_bytes(record, plan) -> Tuple[int, str]:
-    """Host KV memory the configuration uses, from the memory plan; (bytes, how it was sized)."""
-    if not getattr(record, "enable_hierarchical_cache", False):
-        return 0, "HiCache off: no host KV tier"
-    return int(plan.host_bytes), plan.host_budget_reason
-
-
-class _SizedRecord:
-    """The record with the device pool the plan sized for the target hardware."""
-
-    def __init__(self, record, max_total_tokens: int):
-        self._record = record
-        self.max_total_tokens = max_total_tokens
-
-    def __getattr__(self, name):
-        return getattr(self._record, name)
-
-
-def sized_for_target(record, hardware, plan):
-    """A preset hardware sizes the device pool when the record does not (``max_total_tokens``)."""
-    if getattr(record, "max_total_tokens", None) or hardware is None or getattr(hardware, "is_local", True):
-        return record
-    return _SizedRecord(record, int(plan.device_tokens))
-
-
 def _trace_name(job: dict) -> str:
     if job.get("workload") == "synthetic":
         return f"synthetic ({job.get('conversations', 200)} conversations)"
@@ -153,192 +102,452 @@ def _flat_overrides(ctx: JobContext) -> Dict[str, str]:
     return out
 
 
-def run(record, job: dict, ctx: JobContext) -> float:
-    from ..workload.replay import replay
+# --------------------------------------------------------------------------- inputs
+def check_context(requests, limit: Optional[int], truncate: bool) -> Tuple[list, Dict[str, int], int]:
+    """(requests to serve, rejected reasons -> count, truncated count) under SGLang's checks:
+    an input of ``limit`` tokens or more is rejected (``input_longer_than_context``), and so is
+    one whose input plus ``output_length`` (its ``max_new_tokens``) exceeds ``limit``
+    (``input_plus_output_over_context``); with ``allow_auto_truncate`` the input is cut to the
+    limit and the output to what is left (at least one token)."""
+    if not limit:
+        return list(requests), {}, 0
+    from ..workload.trace import BLOCK_SIZE
+    keep, reasons, truncated = [], {}, 0
+    for r in requests:
+        if r.input_length < limit and r.input_length + r.output_length <= limit:
+            keep.append(r)
+            continue
+        if not truncate:
+            why = "input_longer_than_context" if r.input_length >= limit else "input_plus_output_over_context"
+            reasons[why] = reasons.get(why, 0) + 1
+            continue
+        inp = min(r.input_length, limit - 1)
+        out = max(1, min(r.output_length, limit - inp))
+        blocks = -(-inp // BLOCK_SIZE)
+        keep.append(dataclasses.replace(r, input_length=inp, output_length=out, hash_ids=tuple(r.hash_ids[:blocks])))
+        truncated += 1
+    return keep, reasons, truncated
 
-    requests = load_requests(job)
-    mode = replay_mode(record, job)
+
+def _deploy_settings(target, ctx: JobContext) -> Dict[str, Any]:
+    """Deployment-level keys: from the context (the CLI's deployment path), the target, or defaults."""
+    src = getattr(ctx, "deploy", None) or getattr(target, "settings", None)
+    out = {"workers": 1, "prefill_workers": 1, "decode_workers": 1, "router_policy": None, "total_gpus": None}
+    if src is not None:
+        for k in out:
+            v = src.get(k) if isinstance(src, dict) else getattr(src, k, None)
+            if v is not None:
+                out[k] = v
+    return out
+
+
+def _records(target) -> Tuple[Optional[Any], Optional[Any], Optional[Any]]:
+    """(record, prefill, decode): a single record, or the two sides of a PD deployment."""
+    servers = getattr(target, "servers", None)
+    if servers is None:
+        return target, None, None
+    roles = {s.role: s.record for s in servers}
+    if "prefill" in roles and "decode" in roles:
+        return None, roles["prefill"], roles["decode"]
+    return next(iter(roles.values())), None, None
+
+
+def _objective(job: dict, ctx: JobContext, disagg: bool) -> Tuple[str, str]:
     objective = job.get("objective") or "ttft_p90_ms"
-    direction = objective_direction(objective)
-    hardware = getattr(ctx, "hardware", None)
-    plan = memory_plan(record, hardware)
-    if mode != "full":      # full mode allocates real pools here, sized by the record itself
-        record = sized_for_target(record, hardware, plan)
-    timeline, no_ttft = make_timeline(record, hardware)
-    time_scale = float(job.get("time_scale", 1.0) or 1.0)
-    if time_scale <= 0:
-        raise ConfigError([Problem("job.time_scale", None, f"must be > 0, got {time_scale}", "replay")])
-    kwargs = dict(max_requests=job.get("max_requests"),
-                  tail_threshold_tokens=job.get("tail_threshold_tokens", 4096),
-                  progress=job.get("progress", True) and not ctx.multirun)
-    if job.get("policy"):
-        kwargs["policy"] = job["policy"]
-    semantics = job.get("cache_semantics") or "rules"
-    if semantics != "rules":
-        if mode != "metadata":
-            raise ConfigError([Problem("job.cache_semantics", None,
-                                       f"{semantics} models the engine's one-tier radix cache; it needs "
-                                       f"job.mode=metadata (got {mode})", "replay")])
-        kwargs["cache_semantics"] = semantics
     try:
-        if mode in ("sim", "full"):
-            result = _tiered(record, requests, mode, timeline, kwargs, time_scale, plan, hardware)
-        else:
-            result = replay(record, requests, mode="metadata", keep_per_request=True, **kwargs)
-            if timeline is not None:
-                from ..workload.replay import select_requests
-                reqs = select_requests(requests, kwargs["max_requests"], 0.0)
-                time_device_hits(timeline, reqs, _per_request_device_hits(record, reqs, result.per_request_hit_pages),
-                                 time_scale)
-    except ConfigError:
-        raise                       # already one line per problem; do not nest it under "job"
+        direction = objective_direction(objective)
     except ValueError as exc:
-        raise ConfigError([Problem("job", None, str(exc), "replay")]) from None
-    data = _flat_tiers(result.to_dict())
-    # TTFT comes from the timeline below (the replays' own figures are the same numbers or
-    # the old linear estimate, uncached tokens x a constant)
-    for k in [k for k in data if k.startswith(("ttft_ms_", "ttft_s_")) or k == "prefill_us_per_token"]:
-        data.pop(k)
-    data["mode"] = mode
-    data["cache_semantics"] = semantics
-    data["time_scale"] = time_scale
-    data["model"] = getattr(record, "model_path", None)
-    data["trace"] = _trace_name(job)
-    data["hardware"] = getattr(hardware, "name", None) if hardware is not None else None
-    if timeline is not None:
-        data.update(timeline.summary())
-        data["ttft_assumptions"] = timeline.assumptions()
-    else:
-        data["ttft_model"] = f"off: {no_ttft}"
-    _tier_rates(data)
-    host_bytes, host_why = host_memory_bytes(record, plan)
-    data["device_tokens"] = int(getattr(record, "max_total_tokens", None) or plan.device_tokens)
-    data["host_memory_bytes"] = host_bytes
-    data["host_memory_gb"] = host_bytes / GB
-    data["host_memory_sized_by"] = host_why
-    skipped = getattr(requests, "skipped", 0)
-    if skipped:
-        data["skipped_lines"] = skipped
-    status, reason = "ok", ""
-    budget = job.get("max_host_memory_gb")
-    if budget is not None and host_bytes > float(budget) * GB:
-        status = "infeasible"
-        reason = (f"host memory {host_bytes / GB:.3g} GB exceeds job.max_host_memory_gb={float(budget):g}")
-    value = data.get(objective)
-    if value is None:
-        value = float("nan")
-        if status == "ok":
-            status, reason = "no_objective", f"{objective} is not available: {no_ttft or 'not computed in this mode'}"
-    data.update(objective=objective, objective_direction=direction, objective_value=float(value),
-                status=status, status_reason=reason)
-    ctx.write_text("replay.json", json.dumps(data, indent=2, default=str))
-    metrics = {k: v for k, v in data.items() if isinstance(v, (int, float, str, bool)) or v is None}
-    metrics.update(_flat_overrides(ctx))
-    ctx.write_text("metrics.json", json.dumps(metrics))
-    _print(data, job, ctx)
-    if status != "ok":
-        if not ctx.multirun:
-            if status == "infeasible":   # a single run over its budget exits 2 naming the budget
-                raise ConfigError([Problem("job.max_host_memory_gb", None, reason, "constraint")])
-            print(f"note: {reason}", file=sys.stderr)     # stdout may be JSON (job.format=json)
-        # in a sweep the point stays in the tables, marked with its status; under Optuna the
-        # NaN it returns becomes a failed trial (summary.mark_failed_trial)
-    return float(value) if status == "ok" else float("nan")
+        raise ConfigError([Problem("job.objective", None, str(exc), "replay")]) from None
+    if objective == "transfer_p90_ms" and not disagg:
+        raise ConfigError([Problem("job.objective", None, "transfer_p90_ms is only produced by deploy=pd "
+                                   "(an aggregated deployment moves no KV between servers)", "replay")])
+    return objective, direction
 
 
-def _tiered(record, requests, mode, timeline, kwargs, time_scale, plan, hardware):
-    """The tiered replay (device/host/storage): ``sim`` counts pages, ``full`` moves real bytes.
+def _time_scale(job: dict) -> float:
+    raw = job.get("time_scale", 1.0)
+    try:
+        scale = float(1.0 if raw is None else raw)
+    except (TypeError, ValueError):
+        raise ConfigError([Problem("job.time_scale", None, f"must be a number > 0, got {raw!r}", "replay")]) from None
+    if not scale > 0:
+        raise ConfigError([Problem("job.time_scale", None, f"must be > 0 (2 = the trace at half its request rate), "
+                                   f"got {raw!r}", "replay")])
+    return scale
 
-    The device and host tiers have the sizes the memory plan gives for the target hardware;
-    storage reads run at the hardware's ``storage_read_gbps`` (instant without one)."""
-    import dataclasses
-    from ..workload.tiered_replay import tiered_replay
 
+def not_modelled(overrides: Dict[str, str], job: dict) -> List[str]:
+    """The given settings the simulation does not read, each as ``key=value: not modelled``."""
+    from ..workload.assemble import MODELLED_FIELDS
+    out = []
+    for key, value in overrides.items():
+        parts = key.split(".")
+        if parts[0] in ("prefill", "decode") and len(parts) > 1:
+            parts = parts[1:]
+        head = parts[0]
+        if head.startswith("hydra") or head in ("model", "hardware", "memory", "schedule", "parallel", "disagg",
+                                                "serving", "device", "spec", "exec", "mm") and len(parts) == 1:
+            continue          # a preset selection (its fields are checked one by one below when given)
+        if head == "job":
+            if len(parts) > 1 and ".".join(parts[1:]) not in MODELLED_JOB_KEYS + (
+                    "objective", "format", "progress", "on_bad_line", "max_host_memory_gb", "tail_threshold_tokens",
+                    "name"):
+                out.append(f"{key}={value}")
+            continue
+        if head == "deploy":
+            if len(parts) > 1 and parts[1] not in MODELLED_DEPLOY_KEYS:
+                out.append(f"{key}={value}")
+            continue
+        if head == "hardware":
+            continue          # every hardware figure the pass model and the sizing read is modelled
+        field = parts[-1].replace("-", "_").lstrip("-")
+        if field not in MODELLED_FIELDS:
+            out.append(f"{key}={value}")
+    return out
+
+
+# --------------------------------------------------------------------------- the job
+def run(target, job: dict, ctx: JobContext) -> float:
+    """The job: :func:`evaluate`, then ``replay.json`` / ``metrics.json``, the terminal, the exit."""
+    doc = evaluate(target, job, ctx)
+    text = json.dumps(doc, indent=2, default=str)
+    ctx.write_text("replay.json", text)
+    ctx.write_text("metrics.json", text)
+    _print(doc, job, ctx)
+    status, reason = doc["status"], doc["status_reason"]
+    value = doc["objective"]["objective_value"]
+    if status == "infeasible" and not ctx.multirun:
+        raise ConfigError([Problem("job.max_host_memory_gb", None, reason, "constraint")])
+    if status != "ok" and not ctx.multirun and job.get("format") != "json":
+        print(f"note: {reason}", file=sys.stderr)
+    return float(value) if status in ("ok", "rejected") and value == value else float("nan")
+
+
+def evaluate(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
+    """The metrics document (schema 2) of one deployment point, nothing written or printed.
+
+    ``target``: a resolved record (``deploy=single``) or anything with ``servers`` holding a
+    ``prefill`` and a ``decode`` server (``deploy=pd``); ``job``: the replay job's settings
+    (``ReplayJob`` fields as a dict); ``ctx``: ``hardware`` (the target GPU), ``deploy`` (the
+    ``deploy.*`` settings: ``workers``, ``prefill_workers``, ``decode_workers``, ``router_policy``)
+    and ``overrides`` (listed under ``settings``; unmodelled ones under ``not_modelled``).
+    Bad input raises :class:`~sglang_hydra.config.errors.ConfigError`."""
+    from ..perf.pass_time import PassModelError
+    from ..workload.assemble import DeploymentInputs, build_deployment, context_limit
+    from ..workload.deployment import simulate
+    from ..workload.metrics import SCHEMA_VERSION, summarize_simulation
+
+    record, prefill, decode = _records(target)
+    disagg = prefill is not None
+    objective, direction = _objective(job, ctx, disagg)
+    time_scale = _time_scale(job)
+    arrival = job.get("arrival") or "spread"
+    hardware = getattr(ctx, "hardware", None)
+    front = prefill if disagg else record
+    mode = replay_mode(front, job)
+    if disagg and mode == "full":
+        raise ConfigError([Problem("job.mode", None, "full runs one aggregated engine with real pools; "
+                                   "use job.mode=sim for deploy=pd", "replay")])
+    settings = _deploy_settings(target, ctx)
+    sla = job.get("sla") or {}
+    get = sla.get if hasattr(sla, "get") else (lambda k, d=None: getattr(sla, k, d))
+    sla_ttft = float(get("ttft_ms", 2000.0) or 0.0)
+    sla_tpot = float(get("tpot_ms", 50.0) or 0.0)
+    problems = []
+    if not sla_ttft > 0:
+        problems.append(Problem("job.sla.ttft_ms", None, f"must be > 0 ms, got {sla_ttft:g}", "replay"))
+    if not sla_tpot > 0:
+        problems.append(Problem("job.sla.tpot_ms", None, f"must be > 0 ms, got {sla_tpot:g}", "replay"))
+    if hardware is None:
+        problems.append(Problem("hardware", None, "job=replay times every pass on a target GPU; choose one, "
+                                "e.g. hardware=h100_80gb", "replay"))
+    requests = None
+    try:
+        requests = load_requests(job)
+    except ConfigError as err:          # reported with the other problems, all at once
+        problems.extend(err.problems)
+    if problems:
+        raise ConfigError(problems)
     reqs = list(getattr(requests, "requests", requests))
-    if kwargs.get("max_requests") is not None:
-        reqs = reqs[:kwargs["max_requests"]]
-    if time_scale != 1.0:
-        reqs = [dataclasses.replace(r, timestamp=r.timestamp * time_scale) for r in reqs]
-    extra = {}
-    if mode == "sim":
-        extra["mover"] = "count"
-        if getattr(record, "enable_hierarchical_cache", False) and plan.host_pages:
-            extra["host_pages"] = int(plan.host_pages)
-    else:
-        extra["mover"] = "bytes"
-    storage = getattr(hardware, "storage_read_gbps", None) if hardware is not None else None
-    return tiered_replay(record, reqs, timeline=timeline, storage_read_bytes_per_s=storage * GB if storage else None,
-                         policy=kwargs.get("policy"), keep_per_request=False, progress=kwargs.get("progress", False),
-                         **extra)
+    if job.get("max_requests") is not None:
+        if int(job["max_requests"]) < 0:
+            raise ConfigError([Problem("job.max_requests", None, f"must be >= 0, got {job['max_requests']}", "replay")])
+        reqs = reqs[:int(job["max_requests"])]
+    inputs = DeploymentInputs(hardware=hardware, record=record, prefill=prefill, decode=decode,
+                              workers=int(settings["workers"]), prefill_workers=int(settings["prefill_workers"]),
+                              decode_workers=int(settings["decode_workers"]), router_policy=settings["router_policy"],
+                              cache_mode=mode, cache_semantics=job.get("cache_semantics") or "rules",
+                              policy=job.get("policy"))
+    from ..memory.errors import MemorySetupError
+    try:
+        built = build_deployment(inputs)
+    except MemorySetupError as exc:
+        raise ConfigError(exc.problems) from None
+    except PassModelError as exc:
+        import re
+        parts = re.split(r"; (?=(?:hardware|model|parallel|schedule)\.)", str(exc))
+        raise ConfigError([_problem_from(part) for part in parts if part]) from None
+    except ValueError as exc:
+        raise ConfigError([_problem_from(str(exc))]) from None
+    try:
+        model = built.model
+        # requests the server refuses: longer than the context, or than the KV pool can ever hold
+        limit = context_limit(front)
+        served, reasons, truncated = check_context(reqs, limit, bool(getattr(front, "allow_auto_truncate", False)))
+        pools = [g.spec.pool_tokens for g in model.groups.values()]
+        smallest = min(pools)
+        fits = [r for r in served if r.input_length + 1 <= smallest]
+        if len(fits) < len(served):
+            reasons["longer_than_kv_pool"] = len(served) - len(fits)
+        served = fits
+        if not served:
+            raise ConfigError([Problem("job.trace", None, f"no request of the trace can be served: "
+                                       f"{_reasons_text(reasons)} (context {limit}, KV pool {smallest:,} tokens)",
+                                       "replay")])
+        try:
+            result = simulate(model, served, arrival=arrival, time_scale=time_scale, seed=int(job.get("seed", 0) or 0),
+                              progress=job.get("progress", True) and not ctx.multirun)
+        except ValueError as exc:
+            raise ConfigError([_problem_from(str(exc))]) from None
+        groups = summarize_simulation(result, sla_ttft_ms=sla_ttft, sla_tpot_ms=sla_tpot)
+        full = _full_mode_group(built) if mode == "full" else None
+    finally:
+        built.close()
+    rejected = sum(reasons.values())
+    groups["requests"].update(requests_total=len(reqs), rejected_requests=rejected, truncated_requests=truncated,
+                              rejected_reasons=dict(sorted(reasons.items())))
+    doc = _document(record=front, target_disagg=disagg, built=built, groups=groups, job=job, ctx=ctx, mode=mode,
+                    arrival=arrival, time_scale=time_scale, hardware=hardware, settings=settings, result=result,
+                    skipped=getattr(requests, "skipped", 0), limit=limit)
+    if full is not None:
+        doc["full_mode"] = full
+    status, reason = _status(doc, job)
+    value = flat_value(doc, objective)
+    doc["status"], doc["status_reason"] = status, reason
+    doc["objective"] = {"objective": objective, "objective_direction": direction,
+                        "objective_value": float(value) if value is not None else float("nan")}
+    from ..workload.metrics import flatten_metrics
+    flatten_metrics(doc)        # the leaf names stay unique (raises otherwise: a bug, not an input)
+    return _ordered(doc, SCHEMA_VERSION)
 
 
-def _flat_tiers(d: Dict[str, Any]) -> Dict[str, Any]:
-    """The tiered replay's per-tier dicts as flat keys (token_hit_rate = all tiers; device_hit_rate ...)."""
-    rates = d.get("token_hit_rate")
-    if isinstance(rates, dict):
-        d["token_hit_rates"] = rates
-        d["token_hit_rate"] = rates.get("total", sum(v for k, v in rates.items() if k != "total"))
-        for tier in ("device", "host", "storage"):
-            if tier in rates:
-                d[f"{tier}_hit_rate"] = rates[tier]
-    tokens = d.get("hit_tokens")
-    if isinstance(tokens, dict):
-        d["hit_tokens_by_tier"] = tokens
-        d["hit_tokens"] = sum(v for k, v in tokens.items() if k != "total")
-        for tier, v in tokens.items():
-            d[f"{tier}_hit_tokens"] = v
-    for key in ("page_hit_rate", "hit_pages", "evicted_pages", "prefetch"):
-        sub = d.get(key)
-        if isinstance(sub, dict):
-            for k, v in sub.items():
-                if isinstance(v, (int, float)):
-                    d[f"{key}_{k}"] = v
-            d.pop(key)
-    return d
+def _problem_from(message: str) -> Problem:
+    """A ValueError of the simulation's layers as a problem naming its key when it starts with one
+    (``hardware.nic_gbps is not set ...`` -> key ``hardware.nic_gbps``, message the rest)."""
+    head = message.split("=", 1)[0].split(" ", 1)[0]
+    if "." in head and head.split(".", 1)[0].isidentifier():
+        rest = message[len(head):].lstrip()
+        return Problem(head, None, rest if rest and not rest.startswith("=") else message, "replay")
+    return Problem("replay", None, message, "replay")
 
 
-def _tier_rates(data: Dict[str, Any]) -> None:
-    """Per-tier token hit rates as flat keys (device, host, storage), from whatever the replay reports."""
-    total = data.get("input_tokens") or 0
-    if not total:
-        return
-    if all(f"{tier}_hit_rate" in data for tier in ("device", "host", "storage")):
-        return      # the tiered replay reported them
-    # single-tier replay: every hit is on the device
-    data.update(device_hit_rate=data.get("hit_tokens", 0) / total, host_hit_rate=0.0, storage_hit_rate=0.0)
+def _reasons_text(reasons: Dict[str, int]) -> str:
+    return ", ".join(f"{n:,} {why.replace('_', ' ')}" for why, n in sorted(reasons.items())) or "none"
 
 
-def _print(data: Dict[str, Any], job: dict, ctx: JobContext) -> None:
+def flat_value(doc: dict, name: str):
+    from ..workload.metrics import flatten_metrics
+    v = flatten_metrics({k: v for k, v in doc.items() if k != "objective"}).get(name)
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _ordered(doc: dict, version: int) -> dict:
+    head = ("schema_version", "status", "status_reason", "objective", "settings", "deployment", "requests",
+            "latency", "throughput", "load", "cache", "memory", "simulation", "full_mode", "not_modelled",
+            "assumptions")
+    out = {"schema_version": version}
+    for k in head[1:]:
+        if k in doc:
+            out[k] = doc[k]
+    for k, v in doc.items():
+        if k not in out:
+            out[k] = v
+    return out
+
+
+def _status(doc: dict, job: dict) -> Tuple[str, str]:
+    load = doc["load"]
+    req = doc["requests"]
+    budget = job.get("max_host_memory_gb")
+    host = doc["memory"]["host_memory_gb"]
+    if budget is not None and host > float(budget):
+        return "infeasible", f"host memory {host:.3g} GB exceeds job.max_host_memory_gb={float(budget):g}"
+    early, late = load["ttft_mean_first_quarter_ms"], load["ttft_mean_last_quarter_ms"]
+    span = doc["simulation"]["arrival_span_s"]
+    drain = load["drain_after_last_arrival_s"]
+    if late > 4 * early + 10_000 or (span > 0 and drain > max(60.0, 0.1 * span)):
+        return "saturated", (f"saturated: the deployment cannot keep up with the trace (mean TTFT {late / 1000:,.1f} s in "
+                             f"the last quarter of the trace against {early / 1000:,.1f} s in the first; "
+                             f"{drain:,.0f} s to drain after the last arrival); latencies are backlog. Add servers "
+                             "or GPUs, or slow the trace (job.time_scale=2)")
+    if req["rejected_requests"]:
+        return "rejected", (f"{req['rejected_requests']:,} of {req['requests_total']:,} requests rejected "
+                            f"({_reasons_text(req['rejected_reasons'])}); the figures cover the others")
+    return "ok", ""
+
+
+def _full_mode_group(built) -> dict:
+    """Real bytes moved (job.mode=full), per direction, and the page check."""
+    out: Dict[str, Any] = {}
+    for mover in built.byte_movers:
+        for d in ("d2h", "h2d", "storage_write", "storage_read"):
+            out[f"{d}_bytes"] = out.get(f"{d}_bytes", 0) + mover.meter.bytes(d)
+            out[f"{d}_transfer_s"] = out.get(f"{d}_transfer_s", 0.0) + mover.meter.seconds(d)
+        out["verified_pages"] = out.get("verified_pages", 0) + mover.stats["verified_pages"]
+        out["verify_mismatch_pages"] = out.get("verify_mismatch_pages", 0) + mover.stats["verify_mismatch_pages"]
+    return out
+
+
+def _document(*, record, target_disagg, built, groups, job, ctx, mode, arrival, time_scale, hardware, settings,
+              result, skipped, limit) -> dict:
+    from ..workload.assemble import MODELLED_FIELDS  # noqa: F401  (documents where the list lives)
+    model = built.model
+    sides = built.sides
+    dep: Dict[str, Any] = {
+        "deploy_mode": model.mode, "gpus": model.gpus, "router_policy": model.router_policy,
+        "model_path": getattr(record, "model_path", None),
+        "hardware_name": getattr(hardware, "name", None), "trace_name": _trace_name(job),
+        "cache_mode": mode, "arrival": arrival, "time_scale": time_scale, "seed": int(job.get("seed", 0) or 0),
+        "context_length_tokens": limit,
+    }
+    mem: Dict[str, Any] = {}
+    host_bytes = 0
+    host_why = []
+    for role, info in sides.items():
+        pre = "" if role == "agg" else f"{role}_"
+        dep.update({f"{pre}servers": info["servers"], f"{pre}dp_size": info["dp_size"], f"{pre}tp_size": info["tp_size"],
+                    f"{pre}load_balance_method": info["load_balance_method"],
+                    f"{pre}max_running_requests": info["max_running_requests"],
+                    f"{pre}chunked_prefill_tokens": info["chunk_tokens"],
+                    f"{pre}max_prefill_tokens": info["max_prefill_tokens"],
+                    f"{pre}schedule_policy": info["schedule_policy"], f"{pre}mixed_chunk": info["mixed_chunk"],
+                    f"{pre}engines": info["servers"] * info["dp_size"]})
+        c = info["cache"]
+        dep.update({f"{pre}page_size": c.get("page_size"), f"{pre}eviction_policy": c.get("eviction_policy"),
+                    f"{pre}prefix_cache": bool(c)})
+        engines = info["servers"] * info["dp_size"]
+        mem.update({f"{pre}kv_pool_tokens_per_engine": info["kv_pool_tokens"],
+                    f"{pre}device_capacity_tokens": info["kv_pool_tokens"] * engines,
+                    f"{pre}host_capacity_tokens": info["host_kv_tokens"] * engines,
+                    f"{pre}weights_gb_per_gpu": info["weights_gb_per_gpu"]})
+        host_bytes += info["host_kv_bytes_per_engine"] * engines
+        if info["host_kv_tokens"]:
+            cap = info["host_tokens_node_share_cap"]
+            capped = cap is not None and info["host_kv_tokens"] >= (cap // max(1, c.get("page_size", 1))) * c.get("page_size", 1) \
+                and info["plan_host_pages"] * c.get("page_size", 1) > info["host_kv_tokens"]
+            host_why.append(f"{role}: {info['host_kv_tokens']:,} tokens per engine"
+                            + (" (capped at its GPUs' share of the node's host memory)" if capped else
+                               " (the memory plan's host tier)"))
+    if target_disagg:
+        dep["transfer_backend"] = model.transfer_backend
+        media = sorted({lk.medium for lk in result.links.values()})
+        dep["transfer_link"] = "+".join(media) if media else None
+    mem.update({"host_memory_bytes": int(host_bytes), "host_memory_gb": host_bytes / GB,
+                "host_memory_gb_per_gpu": host_bytes / GB / model.gpus if model.gpus else 0.0,
+                "host_memory_sized_by": "; ".join(host_why) or "HiCache off: no host KV tier"})
+    reqs = result.requests
+    first = min((s.arrival_s for s in reqs), default=0.0)
+    last = max((s.arrival_s for s in reqs), default=0.0)
+    simulation = {"wall_time_s": result.wall_time_s, "events": result.events, "arrival_span_s": last - first}
+    if skipped:
+        simulation["skipped_lines"] = skipped
+    if "front" in result.routers and model.router_policy == "cache_aware":
+        rt = result.routers["front"]
+        groups["load"].update(router_cache_routed=rt.cache_routed, router_balance_routed=rt.balance_routed)
+    overrides = _flat_overrides(ctx)
+    ignored = not_modelled(overrides, job)
+    doc = {"settings": {f"override {k}": v for k, v in overrides.items()}, "deployment": dep}
+    doc.update(groups)
+    doc["memory"] = mem
+    doc["simulation"] = simulation
+    doc["not_modelled"] = [f"{x}: not modelled, the answer does not depend on it" for x in ignored] + NOT_MODELLED_ALWAYS
+    doc["assumptions"] = assumptions()
+    return doc
+
+
+def assumptions() -> List[str]:
+    """Every simplification of the simulation, each with when it is wrong (docs/whatif.md)."""
+    return [
+        "Pass times come from the pass model (perf/pass_time.py) on the hardware preset; wrong by that model's error.",
+        "A pass's end is when its tokens exist; the scheduler's CPU time, the overlap scheduler and CUDA graphs are not "
+        "modelled: optimistic for small decode batches.",
+        "Admission reserves min(output, 4096) x 0.7 tokens per running request (SGLang's initial new-token ratio, held "
+        "constant; SGLang lowers it as decode goes well and raises it after a retraction).",
+        "Each running request holds its whole prompt in the pool even when its prefix is shared with another running "
+        "request; the prefix cache's device tier has the whole pool. Pessimistic for admission, optimistic for hits "
+        "under heavy load.",
+        "The prompt enters the prefix cache when the request is admitted (SGLang inserts it as its chunks complete).",
+        "Without chunked prefill a request admitted while the pass's token budget lasts runs whole.",
+        "Data-parallel load-balance methods read exact load at dispatch (SGLang reads periodic snapshots); the router "
+        "counts requests in flight, and its cache-aware tree holds the trace's 512-token prefix blocks, not text.",
+        "KV transfers (deploy=pd) run on one FIFO link per prefill engine at the backend's measured share of the "
+        "NIC or NVLink (docs/benchmarks.md); decode allocates the KV before the transfer starts.",
+        "Host and storage loads of a cached prefix delay the pass that admits the request, overlapped layer by layer "
+        "with its compute.",
+        "Requests arrive at their trace times (spread within the trace's ticks unless job.arrival says otherwise); "
+        "each asks for exactly its output_length tokens (ignore_eos) and nothing is sampled.",
+    ]
+
+
+def _fmt_ms(v: Optional[float]) -> str:
+    if v is None:
+        return "-"
+    return f"{v / 1000:,.2f} s" if v >= 10_000 else f"{v:,.1f} ms"
+
+
+def _print(doc: Dict[str, Any], job: dict, ctx: JobContext) -> None:
     if job.get("format") == "json":
-        print(json.dumps(data, indent=2, default=str))
+        print(json.dumps(doc, indent=2, default=str))
         return
+    lat, thr, req, cache = doc["latency"], doc["throughput"], doc["requests"], doc["cache"]
+    obj = doc["objective"]
     if ctx.multirun:
-        obj = data["objective"]
-        print(f"{obj}={data['objective_value']:.6g} token_hit_rate={data.get('token_hit_rate', 0):.4f} "
-              f"status={data['status']}")
+        rej = f" rejected={req['rejected_requests']}" if req["rejected_requests"] else ""
+        shown = {"ttft_p90_ms": f"{lat['ttft_p90_ms']:.1f}", "tpot_p90_ms": f"{lat['tpot_p90_ms']:.2f}",
+                 "tokens_per_s_per_gpu": f"{thr['tokens_per_s_per_gpu']:.1f}",
+                 "token_hit_rate": f"{cache['token_hit_rate']:.4f}"}
+        shown.pop(obj["objective"], None)
+        print(f"{obj['objective']}={obj['objective_value']:.6g} " + " ".join(f"{k}={v}" for k, v in shown.items())
+              + f" status={doc['status']}{rej}")
+        for line in doc["not_modelled"][:len(doc["not_modelled"]) - len(NOT_MODELLED_ALWAYS)]:
+            print(f"warning: {line}", file=sys.stderr)
+        if doc["status"] in ("saturated", "rejected"):
+            print(f"warning: {doc['status_reason']}", file=sys.stderr)
         return
     from rich.console import Console
     from rich.table import Table
-    t = Table(title=f"replay ({data['mode']})")
+    dep = doc["deployment"]
+    if dep["deploy_mode"] == "agg":
+        shape = f"{dep['servers']} server(s) x dp {dep['dp_size']} x tp {dep['tp_size']}"
+    else:
+        shape = (f"{dep['prefill_servers']}P (dp {dep['prefill_dp_size']} x tp {dep['prefill_tp_size']}) + "
+                 f"{dep['decode_servers']}D (dp {dep['decode_dp_size']} x tp {dep['decode_tp_size']}), "
+                 f"{dep['transfer_backend']} over {dep.get('transfer_link') or '-'}")
+    t = Table(title=f"replay: {dep['model_path']} on {dep['hardware_name']}, {dep['trace_name']}")
     t.add_column("metric")
     t.add_column("value", justify="right")
-    rows = [("policy", str(data.get("policy"))), ("requests", f"{data.get('requests', 0):,}"),
-            ("token hit rate", f"{100 * data.get('token_hit_rate', 0):.2f} %")]
-    for tier in ("device", "host", "storage"):
-        if f"{tier}_hit_rate" in data:
-            rows.append((f"  {tier} hits", f"{100 * data[f'{tier}_hit_rate']:.2f} %"))
-    if "ttft_p90_ms" in data:
-        rows += [("TTFT P50 / P90 / P99", f"{data['ttft_p50_ms']:.1f} / {data['ttft_p90_ms']:.1f} / "
-                                         f"{data['ttft_p99_ms']:.1f} ms"),
-                 ("engine busy", f"{100 * data['engine_busy_share']:.1f} %"),
-                 ("prefill throughput", f"{data['prefill_throughput']:,.0f} tokens/s")]
-    else:
-        rows.append(("TTFT", data.get("ttft_model", "")))
-    rows.append(("host memory", f"{data['host_memory_gb']:.3g} GB"))
-    rows.append((f"objective {data['objective']}", f"{data['objective_value']:.6g} ({data['objective_direction']})"))
-    if data.get("skipped_lines"):
-        rows.append(("skipped bad lines", str(data["skipped_lines"])))
+    rows = [
+        ("deployment", f"{dep['deploy_mode']}: {shape} = {dep['gpus']} GPU(s), router {dep['router_policy']}"),
+        ("requests served / rejected", f"{req['requests_completed']:,} / {req['rejected_requests']:,}"),
+        ("TTFT P50 / P90 / P99", f"{_fmt_ms(lat['ttft_p50_ms'])} / {_fmt_ms(lat['ttft_p90_ms'])} / "
+                                 f"{_fmt_ms(lat['ttft_p99_ms'])}"),
+        ("TTFT P90 alone on an idle engine", _fmt_ms(lat["ttft_unloaded_p90_ms"])),
+        ("TPOT P50 / P90", f"{lat['tpot_p50_ms']:.2f} / {lat['tpot_p90_ms']:.2f} ms"),
+        ("ITL P90 / E2E P90", f"{_fmt_ms(lat['itl_p90_ms'])} / {_fmt_ms(lat['e2e_p90_ms'])}"),
+        ("tokens/s per GPU / per user", f"{thr['tokens_per_s_per_gpu']:,.1f} / {thr['tokens_per_s_per_user']:,.1f}"),
+        (f"SLA goodput (TTFT <= {thr['sla_ttft_ms']:g} ms, TPOT <= {thr['sla_tpot_ms']:g} ms)",
+         f"{thr['goodput_rps_per_gpu']:.4f} req/s per GPU ({100 * thr['sla_met_share']:.1f} % of requests)"),
+        ("token hit rate (device / host / storage)",
+         f"{100 * cache['token_hit_rate']:.2f} % ({100 * cache['device_hit_rate']:.1f} / "
+         f"{100 * cache['host_hit_rate']:.1f} / {100 * cache['storage_hit_rate']:.1f})"),
+        ("engine busy", f"{100 * doc['load']['engine_busy_share']:.1f} %"),
+        ("host KV memory", f"{doc['memory']['host_memory_gb']:.3g} GB"),
+        (f"objective {obj['objective']}", f"{obj['objective_value']:.6g} ({obj['objective_direction']})"),
+        ("status", doc["status"]),
+    ]
     for k, v in rows:
         t.add_row(k, v)
-    Console(width=120).print(t)
+    Console(width=140).print(t)
+    for line in doc["not_modelled"][:len(doc["not_modelled"]) - len(NOT_MODELLED_ALWAYS)]:
+        print(f"warning: {line}", file=sys.stderr)
     print(f"wrote {ctx.out_dir() / 'replay.json'}")

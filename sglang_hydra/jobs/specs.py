@@ -36,8 +36,16 @@ class SetupJob:
 
 
 @dataclass
+class SlaSettings:
+    """The latency targets a request must meet to count towards SLA goodput."""
+
+    ttft_ms: float = 2000.0              # time to first token
+    tpot_ms: float = 50.0                # time per output token after the first
+
+
+@dataclass
 class ReplayJob:
-    """Replay a request trace through the prefix cache the record configures."""
+    """Simulate the deployment the record (or deploy=pd) describes on a request trace."""
 
     name: str = "replay"
     trace: Optional[str] = None          # Mooncake JSONL; unset: the bundled sample
@@ -45,15 +53,17 @@ class ReplayJob:
     max_requests: Optional[int] = None
     mode: Optional[str] = None           # metadata | sim | full; unset: sim with HiCache, else metadata
     policy: Optional[str] = None         # replay-only policies (belady, fifo) override the record's
-    cache_semantics: str = "rules"       # rules (replay_rules.md) | sglang (SGLang's own radix cache; docs/whatif.md)
+    arrival: str = "spread"              # spread | as_is | poisson (docs/whatif.md)
+    sla: SlaSettings = field(default_factory=SlaSettings)
+    cache_semantics: str = "rules"       # rules | sglang: how the prefix cache stamps and evicts
     tail_threshold_tokens: int = 4096
     objective: str = "ttft_p90_ms"       # the value a sweep optimises (see OBJECTIVES)
     max_host_memory_gb: Optional[float] = None   # a budget: points above it are infeasible
-    time_scale: float = 1.0              # arrival times x this (2: the trace at half its request rate)
+    time_scale: float = 1.0              # arrival times x this (2: the trace at half its request rate); > 0
     on_bad_line: str = "fail"            # fail | skip
     format: str = "table"                # table | json
     progress: bool = True
-    seed: int = 0                        # synthetic workload
+    seed: int = 0                        # arrival spreading, routers' random choices, synthetic workload
     conversations: int = 200
     turns: int = 6
 
@@ -136,7 +146,7 @@ JOB_SPECS: Dict[str, JobSpec] = {
     "replay": JobSpec(ReplayJob, "sglang_hydra.jobs.replay:run", {
         "format": ("table", "json"), "on_bad_line": ("fail", "skip"), "workload": ("trace", "synthetic"),
         "mode": (None, "metadata", "sim", "full"), "objective": tuple(OBJECTIVES),
-        "cache_semantics": ("rules", "sglang")}),
+        "arrival": ("spread", "as_is", "poisson"), "cache_semantics": ("rules", "sglang")}),
     "calibrate": JobSpec(CalibrateJob, "sglang_hydra.jobs.calibrate:run", {
         "device": ("cuda", "cpu"), "format": ("table", "json")}),
     "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd:run_side"),

@@ -24,7 +24,7 @@ GB = 10 ** 9
 
 #: GPU name fragments -> preset whose spec figures fill a live local GPU's null fields
 _GPU_PRESETS = (("H200", "h200_141gb"), ("H100", "h100_80gb"), ("A100", "a100_80gb"), ("L40S", "l40s_48gb"))
-_SPEC_FIELDS = ("hbm_bandwidth_gbps", "bf16_tflops", "h2d_gbps", "d2h_gbps")
+_SPEC_FIELDS = ("hbm_bandwidth_gbps", "bf16_tflops", "h2d_gbps", "d2h_gbps", "nvlink_gbps", "nic_gbps")
 
 
 @dataclass(frozen=True)

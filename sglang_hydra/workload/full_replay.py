@@ -1,25 +1,14 @@
-"""``job.mode=full``: replay a trace through device/host/storage tiers with real KV bytes.
+"""The real-bytes report of ``job.mode=full``: bytes, bandwidths and checks around one simulation.
 
-The replay is :func:`~sglang_hydra.workload.tiered_replay.tiered_replay` with the real-bytes
-mover: the same tree and the same decisions as the byte-free ``job.mode=sim`` (their page
-counts are identical), plus real copies, storage files and a check of every page loaded.
-Each page's bytes are derived from its storage key.
-
-Scheduling and prefetch timing are those of the tiered replay (deterministic, from the
-trace alone): requests that share a trace timestamp arrive together and are admitted one
-per scheduling pass; a request's storage prefetch is issued on arrival and retried while it
-waits (``hicache_storage_prefetch_retry_*``); without a storage bandwidth every prefetched
-page has landed by admission.
-
-Bandwidth: the *ceiling* of each transfer direction (D->H, H->D, H->storage,
-storage->H) is measured at start-up on scratch pages with the same page size and the same
-calls the replay makes (best of 3); the *achieved* rate is what the tier really received
-during the replay divided by the time transfers in that direction were running
-(:class:`~sglang_hydra.workload.metrics.TransferMeter`); ``bandwidth_ratio`` is achieved /
-ceiling.
-
-TTFT estimate per request: ``uncached tokens x prefill_us_per_token + bytes loaded from
-host / H2D ceiling + bytes read from storage / storage read ceiling``.
+:func:`full_replay` runs the deployment simulation (:func:`~.deployment.simulate`, the loop of
+``job=replay``) on one engine whose cache moves real KV bytes (``job.mode=full``): pools allocated
+on this machine, copies through the io backend, storage files, every page loaded back checked
+against the bytes it was written with.  Passes are timed on a hardware preset (``hardware``,
+default ``h100_80gb``); requests arrive at their trace times.  This module adds what only real
+bytes have: the *ceiling* of each transfer direction (D->H, H->D, H->storage, storage->H),
+measured on scratch pages with the same calls before the first request (best of 3), the
+*achieved* rate (bytes a tier received / time transfers in that direction ran), their ratio, and
+the storage backend's own counters.
 """
 from __future__ import annotations
 
@@ -28,7 +17,6 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
-from ..cache.storage import create_storage_backend, storage_config_from_record
 from .metrics import cache_setup_label, format_rate, nearest_rank, tier_shares_percent
 
 __all__ = ["FullReplayResult", "full_replay", "measure_bandwidth", "TIER_DIRECTIONS"]
@@ -63,7 +51,6 @@ class FullReplayResult:
     verified_pages: int
     verify_mismatch_pages: int
     storage_stats: Dict[str, int]
-    prefill_us_per_token: float
     tail_threshold_tokens: float
     frac_uncached_gt_threshold: float
     uncached_tokens_p50: float
@@ -108,7 +95,7 @@ class FullReplayResult:
                          f" ({'-' if ratio is None else f'{ratio:.2f}x'})"))
         rows += [
             ("verified pages (mismatch)", f"{self.verified_pages:,} ({self.verify_mismatch_pages})"),
-            ("TTFT estimate P50/P90/P99",
+            ("TTFT P50/P90/P99 (simulated)",
              f"{self.ttft_ms_p50:.1f} / {self.ttft_ms_p90:.1f} / {self.ttft_ms_p99:.1f} ms"),
             ("wall time", f"{self.wall_time_s:.3f} s"),
         ]
@@ -177,11 +164,10 @@ def measure_bandwidth(cache, pages: int = 32, reps: int = 3) -> Dict[str, float]
 
 
 def full_replay(record, requests, *, mode: str = "full", max_requests: Optional[int] = None,
-                tail_threshold_tokens: int = 4096, prefill_us_per_token: float = 50.0,
-                progress: bool = False, policy: Optional[str] = None,
+                tail_threshold_tokens: int = 4096, progress: bool = False, policy: Optional[str] = None,
                 policy_config: Optional[Dict[str, Any]] = None, verify: bool = True,
-                storage=None) -> FullReplayResult:
-    """Replay ``requests`` through the tiers built from ``record`` (see module doc).
+                storage=None, hardware=None) -> FullReplayResult:
+    """Simulate ``requests`` on one engine of ``record`` with real KV bytes (see module doc).
 
     ``policy`` / ``policy_config`` override ``record.radix_eviction_policy`` / ``..._config``.
     ``storage`` overrides the backend built from ``record.hicache_storage_backend`` (tests).
@@ -189,40 +175,39 @@ def full_replay(record, requests, *, mode: str = "full", max_requests: Optional[
     """
     if mode != "full":
         raise ValueError(f"full_replay only runs mode='full', got {mode!r}")
-    from .replay import select_requests
-    from .tiered_replay import tiered_replay
+    from .assemble import DeploymentInputs, build_deployment
+    from .deployment import simulate
+    from .replay import limit_requests
 
-    reqs = select_requests(requests, max_requests, prefill_us_per_token)
-    ps = int(record.page_size or 1)
-    if policy is None:
-        pol = getattr(record, "radix_eviction_policy", "lru") or "lru"
-        cfg = getattr(record, "radix_eviction_policy_config", None) if policy_config is None else policy_config
-    else:
-        pol, cfg = policy, policy_config
+    reqs = limit_requests(requests, max_requests)
+    if hardware is None:
+        from ..config.hardware import compose_hardware
+        hardware, _ = compose_hardware("h100_80gb", [("gpus_per_node", 1, "full_replay")])
     t_start = time.perf_counter()
-    if not getattr(record, "enable_hierarchical_cache", False):
-        return _device_only(record, reqs, ps, pol, cfg, tail_threshold_tokens, prefill_us_per_token,
-                            progress, t_start)
-    backend = getattr(record, "hicache_storage_backend", None)
-    st = storage
+    built = build_deployment(DeploymentInputs(hardware=hardware, record=record, cache_mode="full", policy=policy,
+                                              policy_config=policy_config, storage=storage, verify=verify))
+    probe: Dict[str, Any] = {}
+    group = built.model.groups["agg"]
+    make = group.make_cache
+
+    def measured_cache():
+        cache = make()
+        if cache.hierarchical:          # the ceilings need both pools
+            probe["bw"] = measure_bandwidth(cache.mover)
+        st = cache.mover.storage if hasattr(cache.mover, "storage") else None
+        probe["storage"] = st
+        probe["base"] = dict(st.get_stats()) if st is not None else {}
+        return cache
+
     try:
-        if st is None and backend:
-            from ..memory.geometry import kv_geometry
-            scfg = storage_config_from_record(record, page_bytes=kv_geometry(record).bytes_per_page)
-            st = create_storage_backend(backend, scfg)
-        probe: Dict[str, Any] = {}
-
-        def measure(mover):
-            probe["bw"] = measure_bandwidth(mover)
-            probe["base"] = dict(st.get_stats()) if st is not None else {}
-
-        r = tiered_replay(record, reqs, mover="bytes", storage=st, policy=pol, policy_config=cfg,
-                          verify=verify, progress=progress, on_mover=measure, keep_per_request=True)
-        return _result(r, ps, probe.get("bw", {}), probe.get("base", {}), st, tail_threshold_tokens,
-                       prefill_us_per_token, t_start, backend)
+        if make is not None:
+            group.make_cache = measured_cache
+        pool = group.spec.pool_tokens
+        served = [r for r in reqs if r.input_length + 1 <= pool]
+        sim = simulate(built.model, served, arrival="as_is", progress=progress)
+        return _result(sim, built, probe, tail_threshold_tokens, t_start, len(reqs) - len(served))
     finally:
-        if st is not None and storage is None:
-            st.close()
+        built.close()
 
 
 def _pct(vals):
@@ -230,81 +215,70 @@ def _pct(vals):
     return tuple(float(nearest_rank(s, q)) if s else 0.0 for q in (0.5, 0.9, 0.99))
 
 
-def _result(r, ps, bw, storage_base, st, tail, us, t_start, backend) -> FullReplayResult:
-    """The tiered replay's outcome in the shape of ``job.mode=full`` reports, with the TTFT
-    estimate of the module doc (bytes loaded per request = its tokens x bytes per token)."""
-    bytes_per_token = r.page_bytes / ps if ps else 0.0
-    h2d_bw = bw.get("h2d") or 0.0
-    sr_bw = bw.get("storage_read") or 0.0
-    ttft = []
-    for unc, host, sto in zip(r.uncached_tokens, r.host_hit_tokens, r.storage_hit_tokens):
-        t = unc * us / 1000.0
-        if h2d_bw > 0:
-            t += (host + sto) * bytes_per_token / (h2d_bw * 1e9) * 1000.0
-        if sr_bw > 0:
-            t += sto * bytes_per_token / (sr_bw * 1e9) * 1000.0
-        ttft.append(t)
-    n = r.requests
-    p = _pct(ttft)
-    achieved = {}
+def _result(sim, built, probe, tail, t_start, refused) -> FullReplayResult:
+    """The simulation's outcome in the shape of ``job.mode=full`` reports."""
+    engine = sim.engines["agg"][0]
+    cache = engine.cache
+    reqs = sim.requests
+    n = len(reqs)
+    ps = built.model.groups["agg"].page_size
+    bw = probe.get("bw", {})
+    mover = built.byte_movers[0] if built.byte_movers else None
+    c = dict(cache.counts) if cache is not None else {}
+    g = lambda k: c.get(k, 0)   # noqa: E731
+    hit = {"device": sum(s.device_hit for s in reqs), "host": sum(s.host_hit for s in reqs),
+           "storage": sum(s.storage_hit for s in reqs)}
+    inp = sum(s.input_len for s in reqs)
+    moved, seconds, calls = {}, {}, {}
     for d in TIER_DIRECTIONS:
-        b, sec = r.bytes_moved.get(d, 0), r.transfer_seconds.get(d, 0.0)
-        achieved[d] = b / sec / 1e9 if b > 0 and sec > 0 else None
+        moved[d] = mover.meter.bytes(d) if mover else 0
+        seconds[d] = mover.meter.seconds(d) if mover else 0.0
+        calls[d] = mover.meter.calls(d) if mover else 0
+    achieved = {d: (moved[d] / seconds[d] / 1e9 if moved[d] > 0 and seconds[d] > 0 else None) for d in TIER_DIRECTIONS}
     ratio = {d: (achieved[d] / bw[d] if achieved[d] is not None and bw.get(d) else None) for d in TIER_DIRECTIONS}
+    st = probe.get("storage")
     sstats = {}
     if st is not None:
+        base = probe.get("base", {})
         for k, v in st.get_stats().items():
-            sstats[k] = v - storage_base.get(k, 0) if isinstance(v, (int, float)) else v
-    c = r.counts
+            sstats[k] = v - base.get(k, 0) if isinstance(v, (int, float)) else v
+    unc = [s.input_len - s.device_hit - s.host_hit - s.storage_hit for s in reqs]
+    ttft = [1000.0 * (s.first_token_s - s.arrival_s) for s in reqs]
+    p = _pct(ttft)
+    up = _pct(unc)
     stats = dict(c)
-    stats.update(verified_pages=r.verified_pages, verify_mismatch_pages=r.verify_mismatch_pages,
-                 storage_wait_s_total=r.storage_wait_s_total)
-    unc = r.uncached_tokens
+    stats.update(verified_pages=mover.stats["verified_pages"] if mover else 0,
+                 verify_mismatch_pages=mover.stats["verify_mismatch_pages"] if mover else 0,
+                 storage_wait_s_total=sum(s.storage_wait_s for s in reqs), refused_requests=refused)
+    hier = cache is not None and cache.hierarchical
+    backend = built.sides["agg"]["cache"].get("storage_backend") if hier else None
+    rec = built.sides["agg"]["record"]
     return FullReplayResult(
-        mode="full", policy=r.policy, policy_config=r.policy_config, write_policy=r.write_policy,
-        host_mode=r.host_mode, storage_backend=backend if r.storage_backend else None,
-        prefetch_policy=r.prefetch_policy, page_size=ps, page_bytes=r.page_bytes,
-        device_pages=r.device_pages or 0, host_pages=r.host_pages, requests=n, input_tokens=r.input_tokens,
-        hit_tokens=dict(r.hit_tokens), hit_rate={k: r.token_hit_rate[k] for k in ("device", "host", "storage")},
-        token_hit_rate=r.token_hit_rate["total"], bytes_moved={d: r.bytes_moved.get(d, 0) for d in TIER_DIRECTIONS},
-        evictions={"device": c["device_evicted_pages"], "device_demoted": c["device_demoted_pages"],
-                   "device_dropped": c["device_dropped_pages"], "host": c["host_evicted_pages"],
-                   "host_reclaimed": c["host_reclaimed_pages"]},
-        prefetch={"issued": c["prefetch_issued"], "completed": c["prefetch_completed"],
-                  "terminated": c["prefetch_terminated"], "below_threshold": c["prefetch_below_threshold"],
-                  "rate_limited": c["prefetch_rate_limited"], "no_host_space": c["prefetch_no_host_space"],
-                  "pages": c["prefetch_used_pages"], "issued_pages": c["prefetch_issued_pages"],
-                  "present_pages": c["prefetch_present_pages"], "dropped_pages": c["prefetch_dropped_pages"],
-                  "retries": c["prefetch_retries"], "retry_issued": c["prefetch_retry_issued"],
-                  "retry_pages": c["prefetch_retry_pages"], "wait_s": r.storage_wait_s_total},
-        bandwidth_gbps=bw, achieved_gbps=achieved, bandwidth_ratio=ratio,
-        transfer_seconds={d: r.transfer_seconds.get(d, 0.0) for d in TIER_DIRECTIONS},
-        transfer_calls={d: r.transfer_calls.get(d, 0) for d in TIER_DIRECTIONS},
-        scheduling_passes=c["scheduling_passes"],
-        verified_pages=r.verified_pages, verify_mismatch_pages=r.verify_mismatch_pages,
-        storage_stats=sstats, prefill_us_per_token=us, tail_threshold_tokens=tail,
+        mode="full", policy=built.sides["agg"]["cache"].get("eviction_policy", "none"),
+        policy_config=None, write_policy=cache.write_policy if hier else None,
+        host_mode=(getattr(rec, "hicache_host_memory_mode", "cache") or "cache") if hier else None,
+        storage_backend=backend if cache is not None and cache.has_storage else None,
+        prefetch_policy=cache.prefetch_policy if cache is not None and cache.has_storage else None,
+        page_size=ps, page_bytes=cache.page_bytes if cache is not None else 0,
+        device_pages=cache.device_pages if cache is not None else 0,
+        host_pages=cache.host_pages if cache is not None else 0, requests=n, input_tokens=inp,
+        hit_tokens=hit, hit_rate={k: (v / inp if inp else 0.0) for k, v in hit.items()},
+        token_hit_rate=sum(hit.values()) / inp if inp else 0.0, bytes_moved=moved,
+        evictions={"device": g("device_evicted_pages"), "device_demoted": g("device_demoted_pages"),
+                   "device_dropped": g("device_dropped_pages"), "host": g("host_evicted_pages"),
+                   "host_reclaimed": g("host_reclaimed_pages")},
+        prefetch={"issued": g("prefetch_issued"), "completed": g("prefetch_completed"),
+                  "terminated": g("prefetch_terminated"), "below_threshold": g("prefetch_below_threshold"),
+                  "rate_limited": g("prefetch_rate_limited"), "no_host_space": g("prefetch_no_host_space"),
+                  "pages": g("prefetch_used_pages"), "issued_pages": g("prefetch_issued_pages"),
+                  "present_pages": g("prefetch_present_pages"), "dropped_pages": g("prefetch_dropped_pages"),
+                  "retries": g("prefetch_retries"), "retry_issued": g("prefetch_retry_issued"),
+                  "retry_pages": g("prefetch_retry_pages"), "wait_s": stats["storage_wait_s_total"]},
+        bandwidth_gbps=bw, achieved_gbps=achieved, bandwidth_ratio=ratio, transfer_seconds=seconds,
+        transfer_calls=calls, scheduling_passes=g("scheduling_passes"),
+        verified_pages=stats["verified_pages"], verify_mismatch_pages=stats["verify_mismatch_pages"],
+        storage_stats=sstats, tail_threshold_tokens=tail,
         frac_uncached_gt_threshold=sum(1 for u in unc if u > tail) / n if n else 0.0,
-        uncached_tokens_p50=r.uncached_tokens_p50, uncached_tokens_p90=r.uncached_tokens_p90,
-        uncached_tokens_p99=r.uncached_tokens_p99,
+        uncached_tokens_p50=up[0], uncached_tokens_p90=up[1], uncached_tokens_p99=up[2],
         ttft_ms_mean=sum(ttft) / n if n else 0.0, ttft_ms_p50=p[0], ttft_ms_p90=p[1], ttft_ms_p99=p[2],
         wall_time_s=time.perf_counter() - t_start, stats=stats)
-
-
-def _device_only(record, reqs, ps, pol, cfg, tail, us, progress, t_start):
-    """No HiCache: the metadata replay is exact for a single tier; wrap it in the same shape."""
-    from .replay import replay
-    r = replay(record, reqs, tail_threshold_tokens=tail, prefill_us_per_token=us, progress=progress,
-               policy=pol, policy_config=cfg)
-    inp = r.input_tokens
-    return FullReplayResult(
-        mode="full", policy=r.policy, policy_config=r.policy_config, write_policy=None, host_mode=None,
-        storage_backend=None, prefetch_policy=None, page_size=ps, page_bytes=0,
-        device_pages=r.capacity_pages or 0, host_pages=0,
-        requests=r.requests, input_tokens=inp, hit_tokens={"device": r.hit_tokens, "host": 0, "storage": 0},
-        hit_rate={"device": r.token_hit_rate, "host": 0.0, "storage": 0.0}, token_hit_rate=r.token_hit_rate,
-        bytes_moved={}, evictions={"device": r.evictions, "host": 0}, prefetch={}, bandwidth_gbps={},
-        achieved_gbps={}, verified_pages=0, verify_mismatch_pages=0, storage_stats={},
-        prefill_us_per_token=us, tail_threshold_tokens=tail, frac_uncached_gt_threshold=r.frac_uncached_gt_threshold,
-        uncached_tokens_p50=r.uncached_tokens_p50, uncached_tokens_p90=r.uncached_tokens_p90,
-        uncached_tokens_p99=r.uncached_tokens_p99, ttft_ms_mean=r.ttft_ms_mean, ttft_ms_p50=r.ttft_ms_p50,
-        ttft_ms_p90=r.ttft_ms_p90, ttft_ms_p99=r.ttft_ms_p99, wall_time_s=time.perf_counter() - t_start)

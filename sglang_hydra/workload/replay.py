@@ -1,17 +1,14 @@
-"""Replay a request workload against the simulated radix prefix cache.
+"""The cache counts of ``replay_rules.md`` §3, from the deployment simulation.
 
-``mode="metadata"`` replays cache decisions only, through the tiered cache with HiCache off
-(the same tree and code as ``job.mode=sim`` / ``full``): requests are served one at a time in
-input order, the logical clock is the request index, each request matches its longest
-cached prefix, inserts the rest and then evicts unpinned leaves until the tree fits its
-capacity (``replay_rules.md`` §3).  With ``page_size == 512`` and
-``max_total_tokens == C * 512`` it reproduces the rules' reference hit counts exactly.
-
-Cost model for the TTFT estimate: prefill time is linear in the tokens that must be
-computed, ``ttft_ms = uncached_tokens * prefill_us_per_token / 1000``.  Queueing, decode
-interference, attention's quadratic term and the cost of loading cached pages are all
-ignored, so the figure is a relative score for comparing cache configurations rather
-than a latency prediction.
+The rules serve requests one at a time in input order with the request index as the logical
+clock: each request matches its longest cached prefix, inserts the rest and then evicts unpinned
+leaves until the tree fits its capacity.  :func:`replay` runs exactly that through the same event
+loop and engine as ``job=replay`` (:func:`~.deployment.simulate`): one engine whose passes take no
+time, every request arriving alone in input order and asking for one token, its tiered cache with
+HiCache off and ``max_total_tokens // page_size`` pages.  With ``page_size == 512`` and
+``max_total_tokens == C * 512`` it reproduces the rules' reference hit counts exactly
+(tests/workload/test_reference_counts.py).  It measures the cache only: latencies are the
+simulation's (``job=replay``).
 """
 from __future__ import annotations
 
@@ -26,18 +23,10 @@ from ..cache.tiered import UNBOUNDED_PAGES, TieredCache
 from .metrics import hits_by_depth, nearest_rank, tail_stats
 from .trace import BLOCK_SIZE, Request
 
-__all__ = [
-    "ReplayResult",
-    "replay",
-    "REPLAY_MODES",
-    "DEFAULT_TAIL_THRESHOLD_TOKENS",
-    "DEFAULT_PREFILL_US_PER_TOKEN",
-]
+__all__ = ["ReplayResult", "replay", "REPLAY_MODES", "DEFAULT_TAIL_THRESHOLD_TOKENS", "limit_requests"]
 
 REPLAY_MODES = ("metadata",)
 DEFAULT_TAIL_THRESHOLD_TOKENS = 4096
-#: About 20k prefill tokens/s: a ballpark for an 8B dense model on one H100-class GPU.
-DEFAULT_PREFILL_US_PER_TOKEN = 50.0
 
 
 @dataclass
@@ -71,11 +60,6 @@ class ReplayResult:
     tail_threshold_tokens: float
     frac_uncached_gt_threshold: float
     mean_excess_over_threshold: float
-    prefill_us_per_token: float
-    ttft_ms_mean: float
-    ttft_ms_p50: float
-    ttft_ms_p90: float
-    ttft_ms_p99: float
     wall_time_s: float
     page_lookups_per_s: float
     per_request_hit_pages: Optional[List[int]] = field(default=None, repr=False)
@@ -101,16 +85,8 @@ class ReplayResult:
              f"{self.uncached_tokens_p99:,}"),
             (f"share uncached > {self.tail_threshold_tokens:g}",
              f"{100 * self.frac_uncached_gt_threshold:.2f} %"),
-            ("TTFT estimate mean / P90", f"{self.ttft_ms_mean:.1f} / {self.ttft_ms_p90:.1f} ms"),
             ("wall time", f"{self.wall_time_s:.3f} s"),
         ]
-
-
-def select_requests(requests, max_requests: Optional[int], prefill_us_per_token: float) -> List[Request]:
-    """The requests a replay runs (a Trace or any iterable), after checking the shared knobs."""
-    if prefill_us_per_token < 0:
-        raise ValueError(f"prefill_us_per_token must be >= 0, got {prefill_us_per_token}")
-    return limit_requests(requests, max_requests)
 
 
 def limit_requests(requests, max_requests: Optional[int]) -> List[Request]:
@@ -131,15 +107,25 @@ def _progress(iterable, total, enabled):
     return tqdm(iterable, total=total, unit="req", mininterval=0.25, desc="replay")
 
 
+class _InstantPasses:
+    """A pass model whose every pass takes no time: the rules count cache decisions, not time."""
+
+    @staticmethod
+    def attn_pairs(cached: int, new: int) -> int:
+        return 0
+
+    def step_s(self, *args, **kwargs) -> float:
+        return 0.0
+
+
 def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
            max_requests: Optional[int] = None,
            tail_threshold_tokens: float = DEFAULT_TAIL_THRESHOLD_TOKENS,
-           prefill_us_per_token: float = DEFAULT_PREFILL_US_PER_TOKEN,
            progress: bool = False, policy: Optional[str] = None,
            policy_config: Optional[Dict[str, Any]] = None,
            keep_per_request: bool = False, block_size: int = BLOCK_SIZE,
            cache_semantics: str = "rules") -> ReplayResult:
-    """Replay ``requests`` under the cache configuration of ``record``.
+    """The rules' cache counts for ``requests`` under ``record`` (see the module doc).
 
     ``record`` supplies ``page_size``, ``max_total_tokens`` (capacity =
     ``max_total_tokens // page_size`` pages; ``None`` = unbounded), ``disable_radix_cache``,
@@ -150,10 +136,14 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
     see :mod:`sglang_hydra.cache.radix`).  ``requests`` may be a
     :class:`~sglang_hydra.workload.trace.Trace` or any iterable of requests.
     """
+    import dataclasses
+
+    from .deployment import DeploymentModel, ServerGroup, simulate
+    from .engine import EngineSpec
+
     if mode not in REPLAY_MODES:
         raise ValueError(f"unknown replay mode {mode!r}; supported: {', '.join(REPLAY_MODES)}")
-    reqs = select_requests(requests, max_requests, prefill_us_per_token)
-
+    reqs = limit_requests(requests, max_requests)
     page_size = int(record.page_size or 1)
     max_tokens = record.max_total_tokens
     capacity = None if max_tokens is None else int(max_tokens) // page_size
@@ -164,42 +154,36 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
     else:
         name, cfg = policy, policy_config
     get_policy_info(name)  # unknown names fail here, before any work
+    make_policy(name, cfg, page_size=page_size)    # and bad configs
 
     t0 = time.perf_counter()
-    # Pages smaller than a block: one weighted node per block (ceil(tokens / page_size)
-    # pages for a partial last block) instead of one node per page.  Otherwise (page =
-    # block, or a page grouping several blocks) one node per page, keyed per page.
-    weighted = page_size < block_size and block_size % page_size == 0
-    if weighted:
-        keys = [r.hash_ids for r in reqs]
-        weights = [block_page_weights(r.hash_ids, r.input_length, page_size, block_size)
-                   for r in reqs]
-    else:
-        keys = [block_page_keys(r.hash_ids, r.input_length, page_size, block_size) for r in reqs]
-        weights = None
     n_req = len(reqs)
+    weighted = page_size < block_size and block_size % page_size == 0
     hits = [0] * n_req
     evictions = 0
-    pol = make_policy(name, cfg, page_size=page_size)
-    if not disabled:
-        # the tiered cache with HiCache off: the same tree and code as job.mode=sim/full
-        tree = TieredCache(CountingMover(UNBOUNDED_PAGES if capacity is None else capacity), policy=pol,
-                           page_size=page_size, hierarchical=False, semantics=cache_semantics)
-        if pol.needs_future:
-            # next use per unit (block); a node's pages are evicted together, and any
-            # later request that reads one of a block's pages reads its first page
-            pol.prepare(keys)
-        serve = tree.serve
-        if weighted:
-            for i in _progress(range(n_req), n_req, progress):
-                hits[i] = serve(keys[i], i, reqs[i].priority, weights[i])
-        else:
-            for i in _progress(range(n_req), n_req, progress):
-                hits[i] = serve(keys[i], i, reqs[i].priority)
-        evictions = tree.evictions
-    elif progress:
-        for _ in _progress(range(n_req), n_req, progress):
-            pass
+    if n_req:
+        def make_cache():
+            return TieredCache(CountingMover(UNBOUNDED_PAGES if capacity is None else capacity),
+                               policy=make_policy(name, cfg, page_size=page_size), page_size=page_size,
+                               hierarchical=False, semantics=cache_semantics)
+
+        longest = max(r.input_length for r in reqs) + 2
+        spec = EngineSpec(_InstantPasses(), pool_tokens=longest, max_running=1, chunk_tokens=None,
+                          max_prefill_tokens=longest)
+        group = ServerGroup("agg", spec, make_cache=None if disabled else make_cache, page_size=page_size)
+        model = DeploymentModel("agg", {"agg": group}, router_policy="round_robin", block_size=block_size)
+        # alone and in order: request i arrives at i ms and asks for one token
+        alone = [dataclasses.replace(r, timestamp=float(i), output_length=1) for i, r in enumerate(reqs)]
+        sim = simulate(model, alone, arrival="as_is", progress=progress)
+        engine = sim.engines["agg"][0]
+        if engine.cache is not None:
+            evictions = engine.cache.evictions
+        for i, s in enumerate(sim.requests):
+            hits[i] = -(-s.device_hit // page_size)
+    keys = [r.hash_ids for r in reqs] if weighted else \
+        [block_page_keys(r.hash_ids, r.input_length, page_size, block_size) for r in reqs]
+    weights = [block_page_weights(r.hash_ids, r.input_length, page_size, block_size) for r in reqs] \
+        if weighted else None
 
     # ----------------------------------------------------------------- metrics
     lookup_pages = 0
@@ -230,7 +214,6 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
 
     srt = sorted(uncached)
     tails = tail_stats(uncached, tail_threshold_tokens)
-    ms = prefill_us_per_token / 1000.0
     p50, p90, p99 = (nearest_rank(srt, q) for q in (0.5, 0.9, 0.99))
     mean_unc = (sum(uncached) / n_req) if n_req else 0.0
     return ReplayResult(
@@ -259,11 +242,6 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
         tail_threshold_tokens=tail_threshold_tokens,
         frac_uncached_gt_threshold=tails["frac_gt"],
         mean_excess_over_threshold=tails["mean_excess"],
-        prefill_us_per_token=prefill_us_per_token,
-        ttft_ms_mean=mean_unc * ms,
-        ttft_ms_p50=p50 * ms,
-        ttft_ms_p90=p90 * ms,
-        ttft_ms_p99=p99 * ms,
         wall_time_s=wall,
         page_lookups_per_s=lookup_pages / wall if wall > 0 else 0.0,
         per_request_hit_pages=hits if keep_per_request else None,

@@ -50,9 +50,11 @@ class HardwareSpec:
 
     name: str
     bf16_tflops: float            # dense BF16 peak, TFLOP/s
-    prefill_efficiency: float     # share of the peak a prefill pass reaches (0-1]
     hbm_bandwidth_gbps: float     # device memory, GB/s
     h2d_gbps: float               # host -> device copy, GB/s per GPU
+    # share of the peak a prefill pass reaches (0-1]: only for the single-factor cost of a bare
+    # ModelShape; a timeline given a PassModel (what job=replay builds) times passes with it
+    prefill_efficiency: float = 0.5
     storage_read_gbps: Optional[float] = None   # storage -> host, GB/s per node (needed for storage hits)
     gpu_memory_gb: float = 80.0
 
@@ -65,6 +67,8 @@ class HardwareSpec:
         vals = {}
         for f in ("bf16_tflops", "prefill_efficiency", "hbm_bandwidth_gbps", "h2d_gbps"):
             v = _get(hw, f)
+            if f == "prefill_efficiency" and v is None:
+                continue
             if v is None or float(v) <= 0:
                 problems.append(f"hardware.{f} must be a positive number, got {v!r}")
             else:
@@ -180,9 +184,11 @@ class PrefillTimeline:
     ``serve(...)`` advances the engine past that request and returns its TTFT in seconds.
     """
 
-    def __init__(self, hardware: Any, model: ModelShape, *, chunk_tokens: Optional[int]):
+    def __init__(self, hardware: Any, model: ModelShape, *, chunk_tokens: Optional[int], pass_model: Any = None):
         self.hw = HardwareSpec.from_any(hardware)
         self.model = model
+        # sglang_hydra.perf.PassModel: when given, it times every pass (per-op-class model)
+        self.pass_model = pass_model
         if chunk_tokens is not None and chunk_tokens <= 0:
             raise ValueError(f"chunk_tokens must be positive or None, got {chunk_tokens}")
         self.chunk_tokens = chunk_tokens
@@ -215,6 +221,8 @@ class PrefillTimeline:
     def pass_seconds(self, new_tokens: int, prefix_tokens: int) -> float:
         """One forward pass over ``new_tokens`` after ``prefix_tokens`` already in the KV cache."""
         n = new_tokens
+        if self.pass_model is not None:
+            return self.pass_model.step_s(n, n * prefix_tokens + n * (n + 1) // 2, 0, 0, 1)
         pairs = n * prefix_tokens + n * (n + 1) / 2.0
         flops = self._linear_flops_per_token * n + self._attn_flops_per_pair * pairs
         t = flops / self._flops_per_s

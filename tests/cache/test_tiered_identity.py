@@ -1,8 +1,10 @@
-"""One tree, two movers: the byte-free replay and the real-bytes replay count the same pages.
+"""One tree, two movers: the byte-free simulation and the real-bytes one count the same pages.
 
-Every test replays the same requests with ``mover="count"`` and ``mover="bytes"`` (model
-``tiny``) and compares every per-tier page count and every per-request token split; the
-real-bytes run also checks each page it loaded back against the bytes it was written with.
+Every test runs the same requests through the deployment simulation (one engine, model
+``tiny`` timed on an H100 preset) with the counting mover (``job.mode=sim``) and the real-bytes
+mover (``job.mode=full``) and compares every per-tier page count, every per-request token split
+and every TTFT; the real-bytes run also checks each page it loaded back against the bytes it was
+written with.
 """
 import json
 import random
@@ -11,9 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sglang_hydra.config.hardware import compose_hardware
 from sglang_hydra.config.testing import make_record
+from sglang_hydra.workload.assemble import TIER_COUNT_KEYS, DeploymentInputs, build_deployment
+from sglang_hydra.workload.deployment import simulate
 from sglang_hydra.workload.trace import Request
-from sglang_hydra.workload.tiered_replay import tiered_replay
 
 PS = 16
 BLOCK = 64            # 4 pages per trace block keeps real-bytes runs small
@@ -45,24 +49,6 @@ def conversation_trace(seed, n=60, max_blocks=6, step_ms=500):
     return out
 
 
-class FakeTimeline:
-    """An engine that prefills uncached tokens at a fixed rate, one request at a time."""
-
-    def __init__(self, seconds_per_token=2e-5):
-        self.s = seconds_per_token
-        self.free_at = 0.0
-
-    def start_time(self, arrival_s):
-        return max(arrival_s, self.free_at)
-
-    def serve(self, arrival_s, input_tokens, device_hit_tokens, host_hit_tokens, storage_hit_tokens,
-              storage_wait_s=0.0):
-        start = self.start_time(arrival_s)
-        uncached = input_tokens - device_hit_tokens - host_hit_tokens - storage_hit_tokens
-        self.free_at = start + storage_wait_s + uncached * self.s + 1e-3
-        return self.free_at - arrival_s
-
-
 def record(tmp_path=None, *, wp="write_through", storage=None, policy="lru", dev_pages=24, ratio=2.0,
            prefetch="best_effort", policy_config=None, hicache=True, host_mode="cache"):
     kw = dict(model_path="tiny", max_total_tokens=dev_pages * PS, page_size=PS,
@@ -81,12 +67,56 @@ def record(tmp_path=None, *, wp="write_through", storage=None, policy="lru", dev
     return make_record(**kw)
 
 
-def both(rec, reqs, *, timeline_factory=None, **kw):
-    sim = tiered_replay(rec, reqs, mover="count", block_size=BLOCK,
-                        timeline=timeline_factory() if timeline_factory else None, **kw)
-    full = tiered_replay(rec, reqs, mover="bytes", block_size=BLOCK,
-                         timeline=timeline_factory() if timeline_factory else None, **kw)
-    return sim, full
+class Outcome:
+    """One simulation's cache-side results (summed over its one engine)."""
+
+    def __init__(self, mode, result, built):
+        self.mode = mode
+        engine = result.engines["agg"][0]
+        cache = engine.cache
+        self.device_pages, self.host_pages = cache.device_pages, cache.host_pages
+        self.counts = dict(cache.counts)
+        self.page_bytes = cache.page_bytes
+        reqs = result.requests
+        self.device_hit_tokens = [s.device_hit for s in reqs]
+        self.host_hit_tokens = [s.host_hit for s in reqs]
+        self.storage_hit_tokens = [s.storage_hit for s in reqs]
+        self.uncached_tokens = [s.input_len - s.device_hit - s.host_hit - s.storage_hit for s in reqs]
+        self.ttft_s = [s.first_token_s - s.arrival_s for s in reqs]
+        self.storage_wait_s_total = sum(s.storage_wait_s for s in reqs)
+        self.hit_pages = {"device": self.counts["device_hit_pages"], "host": self.counts["host_hit_pages"],
+                          "storage": self.counts["storage_hit_pages"]}
+        self.bytes_moved, self.verified_pages, self.verify_mismatch_pages = {}, 0, 0
+        for mover in built.byte_movers:
+            for d in ("d2h", "h2d", "storage_write", "storage_read"):
+                self.bytes_moved[d] = mover.meter.bytes(d)
+            self.verified_pages = mover.stats["verified_pages"]
+            self.verify_mismatch_pages = mover.stats["verify_mismatch_pages"]
+
+    def tier_counts(self):
+        return {k: self.counts.get(k, 0) for k in TIER_COUNT_KEYS}
+
+
+def both(rec, reqs, *, policy=None, policy_config=None, storage_read_bytes_per_s=None):
+    """The deployment simulation of ``rec`` on one engine, with the counting mover (``job.mode=sim``)
+    and with real bytes (``job.mode=full``): same loop, same decisions, different mover."""
+    settings = [("gpus_per_node", 1, "test"), ("host_memory_gb", 16, "test")]
+    if storage_read_bytes_per_s:
+        settings.append(("storage_read_gbps", storage_read_bytes_per_s / 1e9, "test"))
+    hw, problems = compose_hardware("h100_80gb", settings)
+    assert not problems
+    out = []
+    for mode in ("sim", "full"):
+        built = build_deployment(DeploymentInputs(hardware=hw, record=rec, cache_mode=mode, policy=policy,
+                                                  policy_config=policy_config))
+        built.model.block_size = BLOCK
+        pool = built.model.groups["agg"].spec.pool_tokens
+        fits = [r for r in reqs if r.input_length + 1 <= pool]     # the server refuses the others
+        try:
+            out.append(Outcome(mode, simulate(built.model, fits, arrival="as_is"), built))
+        finally:
+            built.close()
+    return out
 
 
 def assert_identical(sim, full):
@@ -132,7 +162,7 @@ def test_prefetch_policies_under_a_timeline_and_a_storage_bandwidth(tmp_path, pr
     rec = record(tmp_path, wp="write_through", storage="file", prefetch=prefetch, dev_pages=16, ratio=1.0)
     page_bytes = 16 * 256            # tiny: 256 bytes of KV per token
     rate = page_bytes * 200          # 200 pages/s: some prefetches are still running at admission
-    sim, full = both(rec, reqs, timeline_factory=FakeTimeline, storage_read_bytes_per_s=rate)
+    sim, full = both(rec, reqs, storage_read_bytes_per_s=rate)
     assert_identical(sim, full)
     assert sim.ttft_s is not None and all(t > 0 for t in sim.ttft_s)
     if prefetch == "wait_complete":
@@ -164,8 +194,7 @@ def test_random_traces_count_identically(tmp_path, seed, wp, storage, policy, de
     rec = record(tmp_path, wp=wp, storage=storage, policy=policy, dev_pages=dev_pages, ratio=ratio,
                  prefetch=prefetch)
     rate = 16 * 256 * 300 if bandwidth else None
-    sim, full = both(rec, reqs, timeline_factory=FakeTimeline if bandwidth else None,
-                     storage_read_bytes_per_s=rate)
+    sim, full = both(rec, reqs, storage_read_bytes_per_s=rate)
     assert_identical(sim, full)
 
 

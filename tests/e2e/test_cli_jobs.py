@@ -13,36 +13,40 @@ def run(*args, cwd, timeout=240):
                           timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
+TARGET = ("model=llama3_1_8b", "hardware=h100_80gb")
+
+
 def test_replay_writes_replay_json(tmp_path):
-    r = run("job=replay", "schedule.page_size=512", "schedule.max_total_tokens=1024000",
+    r = run("job=replay", *TARGET, "schedule.page_size=512", "schedule.max_total_tokens=1024000",
             "memory.radix_eviction_policy=slru", "job.max_requests=400", "job.format=json",
             f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     data = json.loads((tmp_path / "run" / "replay.json").read_text())
-    assert data["requests"] == 400 and data["policy"] == "slru" and data["capacity_pages"] == 2000
-    assert 0 < data["block_hit_rate"] < 1
+    assert data["requests"]["requests_total"] == 400 and data["deployment"]["eviction_policy"] == "slru"
+    assert data["memory"]["device_capacity_tokens"] == 1024000
+    assert 0 < data["cache"]["token_hit_rate"] < 1
 
 
 def test_replay_bad_trace_line_is_reported_with_its_number(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}\n{bad json\n')
-    r = run("job=replay", f"job.trace={trace}", "schedule.page_size=512", cwd=tmp_path)
+    r = run("job=replay", *TARGET, f"job.trace={trace}", "schedule.page_size=512", cwd=tmp_path)
     assert r.returncode == 2 and "t.jsonl:2:" in r.stderr and "Traceback" not in r.stderr
-    r = run("job=replay", f"job.trace={trace}", "schedule.page_size=512", "job.on_bad_line=skip",
+    r = run("job=replay", *TARGET, f"job.trace={trace}", "schedule.page_size=512", "job.on_bad_line=skip",
             f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert json.loads((tmp_path / "run" / "replay.json").read_text())["skipped_lines"] == 1
+    assert json.loads((tmp_path / "run" / "replay.json").read_text())["simulation"]["skipped_lines"] == 1
 
 
 def test_sweep_summary_from_a_three_point_multirun(tmp_path):
-    r = run("-m", "job=replay", "memory.radix_eviction_policy=lru,lfu,ghost_lru", "schedule.page_size=512",
+    r = run("-m", "job=replay", *TARGET, "memory.radix_eviction_policy=lru,lfu,ghost_lru", "schedule.page_size=512",
             "schedule.max_total_tokens=512000", "job.max_requests=500", "job.objective=token_hit_rate",
             f"hydra.sweep.dir={tmp_path}/sweep",
             cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader((tmp_path / "sweep" / "summary.csv").open()))
     assert [row["memory.radix_eviction_policy"] for row in rows] == ["lru", "lfu", "ghost_lru"]
-    assert all(float(row["block_hit_rate"]) > 0 for row in rows)
+    assert all(float(row["token_hit_rate"]) > 0 for row in rows)
     assert "schedule.page_size" not in rows[0]  # only the overrides that differ
     assert (tmp_path / "sweep" / "summary.png").stat().st_size > 1000
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-SMALL = ("schedule.page_size=512", "job.max_requests=150", "job.mode=metadata")
+# tiny (256 KV bytes per token) timed on an H100; a 131,072-token context and pool hold every prompt of the 150
+SMALL = ("schedule.page_size=512", "job.max_requests=150", "job.mode=metadata", "hardware=h100_80gb",
+         "model.context_length=131072")
 
 
 def run(*args, cwd, timeout=300, env=None):
@@ -24,7 +26,7 @@ def rows_of(path: Path):
 
 def test_grid_sweep_summary_best_config_and_plots(tmp_path):
     sweep = tmp_path / "sweep"
-    r = run("-m", "schedule.max_total_tokens=51200,204800", "memory.radix_eviction_policy=lru,ghost_lru",
+    r = run("-m", "schedule.max_total_tokens=131072,262144", "memory.radix_eviction_policy=lru,ghost_lru",
             "job.objective=token_hit_rate", *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = rows_of(sweep / "summary.csv")
@@ -47,9 +49,9 @@ def test_grid_sweep_summary_best_config_and_plots(tmp_path):
 
 
 def test_points_over_the_host_budget_are_listed_not_fatal(tmp_path):
-    # tiny model: 256 KV bytes per token; 102,400 device tokens x ratio -> 26 MB x ratio on the host
+    # tiny model: 256 KV bytes per token; 131,072 device tokens x ratio -> 34 MB x ratio on the host
     sweep = tmp_path / "sweep"
-    r = run("-m", "memory=hicache", "memory.hicache_ratio=1.5,4", "schedule.max_total_tokens=102400",
+    r = run("-m", "memory=hicache", "memory.hicache_ratio=1.5,4", "schedule.max_total_tokens=131072",
             "job.max_host_memory_gb=0.06", "job.objective=token_hit_rate", *SMALL, f"hydra.sweep.dir={sweep}",
             cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -61,7 +63,7 @@ def test_points_over_the_host_budget_are_listed_not_fatal(tmp_path):
 
 
 def test_single_run_over_the_host_budget_exits_2(tmp_path):
-    r = run("memory=hicache", "memory.hicache_ratio=4", "schedule.max_total_tokens=102400",
+    r = run("memory=hicache", "memory.hicache_ratio=4", "schedule.max_total_tokens=131072",
             "job.max_host_memory_gb=0.06", *SMALL, cwd=tmp_path)
     assert r.returncode == 2 and "job.max_host_memory_gb" in r.stderr and "Traceback" not in r.stderr
 
@@ -70,16 +72,16 @@ def test_optuna_follows_the_objective_and_survives_failed_trials(tmp_path):
     sweep = tmp_path / "opt"
     r = run("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=6", "hydra.sweeper.sampler.seed=1",
             "memory=hicache", "memory.hicache_ratio=interval(1,8)", "memory.radix_eviction_policy=choice(lru,ghost_lru)",
-            "schedule.max_total_tokens=102400", "job.max_host_memory_gb=0.09", "job.objective=token_hit_rate",
+            "schedule.max_total_tokens=131072", "job.max_host_memory_gb=0.09", "job.objective=token_hit_rate",
             *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Directions: ['maximize']" in r.stdout + r.stderr
     rows = rows_of(sweep / "summary.csv")
     assert len(rows) == 6
-    # interval(1,8) on a float field samples floats; points above 0.09 GB (ratio > ~3.4) fail
+    # interval(1,8) on a float field samples floats; points above 0.09 GB (ratio > ~2.7) fail
     ratios = [float(row["memory.hicache_ratio"]) for row in rows]
     assert any(x != int(x) for x in ratios)
-    bad = [row for row in rows if float(row["memory.hicache_ratio"]) * 102400 * 256 > 0.09e9]
+    bad = [row for row in rows if float(row["memory.hicache_ratio"]) * 131072 * 256 > 0.09e9]
     assert all(row["status"] == "infeasible" for row in bad)
     result = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     ok = [row for row in rows if row["status"] == "ok"]
@@ -154,31 +156,32 @@ def test_ray_launcher_on_a_private_local_instance(tmp_path):
 
 
 def test_operator_question_sim_sweep_on_target_hardware(tmp_path):
-    """The operator's sweep, on 400 requests: TTFT per point from the tiered sim + timeline,
-    host memory from the plan for h100_80gb, plots and a best config that --config takes."""
+    """The operator's sweep, on 400 requests at an eighth of their rate: TTFT per point from the
+    simulation with the tiered sim cache, host memory from the plan for h100_80gb, plots and a
+    best config that --config takes."""
     sweep = tmp_path / "sweep"
-    r = run("-m", "model=llama3_8b", "hardware=h100_80gb", "memory=hicache", "memory.hicache_ratio=1,4",
-            "memory.radix_eviction_policy=lru,ghost_lru", "job.max_requests=400", "schedule.max_total_tokens=65536",
-            f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    r = run("-m", "model=llama3_1_8b", "hardware=h100_80gb", "memory=hicache", "memory.hicache_ratio=1,4",
+            "memory.radix_eviction_policy=lru,ghost_lru", "job.max_requests=400", "schedule.max_total_tokens=131072",
+            "job.time_scale=8", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = rows_of(sweep / "summary.csv")
     assert len(rows) == 4 and all(row["status"] == "ok" for row in rows)
     for row in rows:
-        assert json.loads((sweep / row["run"] / "replay.json").read_text())["mode"] == "sim"
+        assert json.loads((sweep / row["run"] / "replay.json").read_text())["deployment"]["cache_mode"] == "sim"
         assert 0 < float(row["ttft_p50_ms"]) <= float(row["ttft_p90_ms"]) <= float(row["ttft_p99_ms"])
         total = float(row["device_hit_rate"]) + float(row["host_hit_rate"]) + float(row["storage_hit_rate"])
         assert total == pytest.approx(float(row["token_hit_rate"]))
     by_ratio = {row["memory.hicache_ratio"]: float(row["host_memory_gb"]) for row in rows}
-    # 65,536 device tokens x 128 KiB per token x ratio (the plan for the target, in GB)
+    # 131,072 device tokens x 128 KiB per token x ratio (the plan for the target, in GB)
     assert by_ratio["4"] == pytest.approx(4 * by_ratio["1"], rel=1e-3)
-    assert by_ratio["1"] == pytest.approx(65536 * 131072 / 1e9, rel=1e-3)
+    assert by_ratio["1"] == pytest.approx(131072 * 131072 / 1e9, rel=1e-3)
     best = min(rows, key=lambda row: float(row["ttft_p90_ms"]))
     cfg = yaml.safe_load((sweep / "best_config.yaml").read_text())
-    assert cfg["hardware"] == "h100_80gb" and cfg["model"] == "llama3_8b"
+    assert cfg["hardware"] == "h100_80gb" and cfg["model"] == "llama3_1_8b"
     assert str(cfg["memory.hicache_ratio"]) == best["memory.hicache_ratio"]
     for png in ("summary.png", "pareto.png"):
         assert (sweep / png).stat().st_size > 10_000
-    assert "ttft_assumptions" in json.loads((sweep / "0" / "replay.json").read_text())
+    assert json.loads((sweep / "0" / "replay.json").read_text())["assumptions"]
 
 
 # ----------------------------------------------------------------------------- summary, in process

@@ -137,7 +137,7 @@ def test_failed_return_value_is_nan_only_for_jobs_with_an_objective():
     from omegaconf import OmegaConf
 
     from sglang_hydra.jobs.failures import failed_return_value
-    v = failed_return_value(OmegaConf.create({"job": {"name": "replay", "objective": "block_hit_rate"}}))
+    v = failed_return_value(OmegaConf.create({"job": {"name": "replay", "objective": "token_hit_rate"}}))
     assert v != v  # NaN: Optuna marks the trial failed and the study goes on
     assert failed_return_value(OmegaConf.create({"job": {"name": "replay"}})) is None
 
@@ -197,7 +197,8 @@ def _replay_dirs_of_two_runs_at_once(args, cwd):
 
 
 def test_direct_runs_save_config_and_overrides_in_unique_dirs(tmp_path):
-    args = ("job=replay", "job.max_requests=20", "job.format=json", "job.progress=false", "--hicache-ratio", "3")
+    args = ("job=replay", "hardware=h100_80gb", "job.max_requests=20", "job.format=json", "job.progress=false",
+            "--hicache-ratio", "3")
     runs = _replay_dirs_of_two_runs_at_once(args, tmp_path)
     assert len(runs) == 2                                   # never one shared directory
     for d in runs:
@@ -211,7 +212,7 @@ def test_direct_runs_save_config_and_overrides_in_unique_dirs(tmp_path):
 def test_hydra_run_dirs_are_unique_per_run(tmp_path):
     cfg = yaml.safe_load((ROOT / "conf" / "config.yaml").read_text())["hydra"]
     assert "%f" in cfg["run"]["dir"] and "%f" in cfg["sweep"]["dir"]
-    args = ("job=replay", "job.max_requests=20", "job.progress=false", "hydra.job.chdir=false")
+    args = ("job=replay", "hardware=h100_80gb", "job.max_requests=20", "job.progress=false", "hydra.job.chdir=false")
     runs = _replay_dirs_of_two_runs_at_once(args, tmp_path)
     assert len(runs) == 2
     assert all((d / ".hydra" / "config.yaml").is_file() and (d / ".hydra" / "overrides.yaml").is_file() for d in runs)
@@ -271,13 +272,13 @@ def test_the_conversation_trace_ships_and_loads_by_name_and_path(tmp_path):
     assert p.is_file() and "sglang_hydra" in str(p)
     assert (p.parent / "NOTICE").is_file() and "Apache" in (p.parent / "README.md").read_text()
     assert len(load_trace("conversation", max_requests=5)) == 5
-    r = run("job=replay", "job.trace=conversation", "job.max_requests=1500", "job.format=json",
+    r = run("job=replay", "hardware=h100_80gb", "job.trace=conversation", "job.max_requests=1500", "job.format=json",
             "job.progress=false", "schedule.page_size=512", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["requests"] == 1500                 # more than the 1,000-line sample
-    r = run("job=replay", f"job.trace={p}", "job.max_requests=10", "job.format=json", "job.progress=false",
-            cwd=tmp_path)
-    assert r.returncode == 0 and json.loads(r.stdout)["requests"] == 10
+    assert json.loads(r.stdout)["requests"]["requests_total"] == 1500   # more than the 1,000-line sample
+    r = run("job=replay", "hardware=h100_80gb", f"job.trace={p}", "job.max_requests=10", "job.format=json",
+            "job.progress=false", cwd=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["requests"]["requests_total"] == 10
 
 
 def test_hydra_path_stdout_is_the_jobs_output_and_the_log_file_keeps_the_details(tmp_path):

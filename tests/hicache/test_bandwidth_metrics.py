@@ -106,7 +106,7 @@ def test_full_replay_reports_real_bytes_rates_and_ratios(tmp_path):
     from sglang_hydra.workload.full_replay import TIER_DIRECTIONS, full_replay
     from sglang_hydra.workload.trace import load_trace
 
-    rec = make_record(enable_hierarchical_cache=True, hicache_ratio=2.0, max_total_tokens=64 * PS, page_size=PS,
+    rec = make_record(enable_hierarchical_cache=True, hicache_ratio=2.0, max_total_tokens=4096 * PS, page_size=PS,
                       hicache_write_policy="write_through", hicache_storage_backend="file",
                       hicache_io_backend="direct",
                       hicache_storage_backend_extra_config=json.dumps({"file_storage_path": str(tmp_path),

@@ -278,8 +278,8 @@ def test_full_replay_small(tmp_path):
     from sglang_hydra.workload.full_replay import full_replay
     from sglang_hydra.workload.trace import load_trace
     tr = load_trace()
-    rec = make_record(enable_hierarchical_cache=True, hicache_ratio=2.0, max_total_tokens=64 * PS, page_size=PS,
-                      hicache_write_policy="write_back", hicache_storage_backend="file", hicache_io_backend="direct",
+    rec = make_record(enable_hierarchical_cache=True, hicache_ratio=2.0, max_total_tokens=4096 * PS, page_size=PS,
+                      hicache_write_policy="write_through", hicache_storage_backend="file", hicache_io_backend="direct",
                       hicache_storage_backend_extra_config=json.dumps({"file_storage_path": str(tmp_path),
                                                                        "prefetch_threshold": 32}))
     r1 = full_replay(rec, tr, max_requests=15)
@@ -297,6 +297,6 @@ def test_full_replay_small(tmp_path):
 def test_full_replay_without_hicache():
     from sglang_hydra.workload.full_replay import full_replay
     from sglang_hydra.workload.trace import load_trace
-    rec = make_record(max_total_tokens=64 * PS, page_size=PS)
+    rec = make_record(max_total_tokens=4096 * PS, page_size=PS)
     r = full_replay(load_trace(), None, max_requests=10) if False else full_replay(rec, load_trace(), max_requests=10)
     assert r.requests == 10 and r.hit_rate["host"] == 0.0

@@ -56,7 +56,7 @@ def test_each_policy_replays_with_byte_identical_loads(policy):
 
     # multi-turn conversations reuse their history at once; 16 device pages force evictions
     reqs = generate_conversations(seed=0, conversations=12, min_turns=3, max_turns=5)
-    rec = make_record(enable_hierarchical_cache=True, hicache_ratio=2.0, max_total_tokens=16 * 128, page_size=128,
+    rec = make_record(enable_hierarchical_cache=True, hicache_ratio=2.0, max_total_tokens=48 * 128, page_size=128,
                       hicache_write_policy="write_through", hicache_io_backend="direct",
                       hicache_storage_backend_extra_config='{"prefetch_threshold": 128}')
     r = full_replay(rec, reqs, policy=policy, policy_config=CONFIGS.get(policy), storage=SimStorage())
@@ -80,14 +80,16 @@ def test_unknown_policy_and_bad_config_are_errors():
 
 
 def test_replay_job_runs_a_replay_only_policy_in_full_mode(tmp_path):
-    """The full replay is the tiered replay, which sees the whole trace: belady works there
-    too (it used to be refused, when the full mode had a cache of its own)."""
+    """job.mode=full runs the simulation on one engine, which knows the whole trace in order:
+    belady works there too."""
     from sglang_hydra.jobs.context import JobContext
     from sglang_hydra.jobs.replay import run
 
-    rec = make_record(enable_hierarchical_cache=True, max_total_tokens=64 * PS, page_size=PS,
-                      hicache_io_backend="direct")
+    from sglang_hydra.config.hardware import compose_hardware
+
+    rec = make_record(enable_hierarchical_cache=True, max_total_tokens=1024 * PS, page_size=PS,
+                      hicache_io_backend="direct", context_length=131072)
     run(rec, {"mode": "full", "policy": "belady", "max_requests": 2, "progress": False},
-        JobContext(output_dir=tmp_path))
+        JobContext(output_dir=tmp_path, hardware=compose_hardware("h100_80gb")[0]))
     out = json.loads((tmp_path / "replay.json").read_text())
-    assert out["policy"] == "belady" and out["requests"] == 2
+    assert out["deployment"]["eviction_policy"] == "belady" and out["requests"]["requests_completed"] == 2

@@ -129,14 +129,14 @@ def _burst_trace(n):
 
 @pytest.mark.parametrize("interval,attempts,expected", [(1, 8, 6), (1, 1, 4), (0, 8, 0), (1, 0, 0)])
 def test_full_replay_counts_passes_and_retries(tmp_path, interval, attempts, expected):
-    """Six simultaneous arrivals, nothing in storage: request j is admitted at pass j + 1 and
-    is the queue head then.  With interval 1 a miss seen at pass p is due at pass p + 1, and
+    """Six simultaneous arrivals, nothing in storage, one request running at a time
+    (``max_running_requests=1``): request j is admitted at pass j + 1 and is the queue head then.  With interval 1 a miss seen at pass p is due at pass p + 1, and
     one registered during a retry at pass p is due at p + 2: requests 2..5 retry at pass 2,
     requests 4..5 again at pass 4 (6 retries); with a budget of 1 only the first round (4)."""
     from sglang_hydra.workload.full_replay import full_replay
 
     rec = make_record(enable_hierarchical_cache=True, hicache_ratio=2.0, max_total_tokens=256 * PS, page_size=PS,
-                      hicache_io_backend="direct", hicache_storage_backend="file",
+                      max_running_requests=1, hicache_io_backend="direct", hicache_storage_backend="file",
                       hicache_storage_prefetch_retry_poll_interval=interval,
                       hicache_storage_prefetch_retry_max_attempts=attempts,
                       hicache_storage_backend_extra_config=json.dumps({"file_storage_path": str(tmp_path),

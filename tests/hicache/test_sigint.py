@@ -52,7 +52,7 @@ def test_close_removes_temp_files_an_interrupt_left(tmp_path, monkeypatch):
 def test_sigint_during_full_replay(tmp_path):
     store = tmp_path / "store"
     env = dict(os.environ, SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR=str(store))
-    cmd = [sys.executable, "-m", "sglang_hydra", "job=replay", "memory=hicache_file", "job.mode=full",
+    cmd = [sys.executable, "-m", "sglang_hydra", "job=replay", "memory=hicache_file", "job.mode=full", "hardware=h100_80gb",
            "job.progress=false", "schedule.page_size=16", "schedule.max_total_tokens=8192"]
     # a child of a non-interactive shell may inherit SIGINT ignored: give it the default back
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -61,9 +61,11 @@ def test_pd_pair_under_pressure(hog, tmp_path):
 
 
 def test_full_replay_under_pressure(hog, tmp_path):
-    r = run("job=replay", "memory=hicache", "job.mode=full", "model=tiny", "schedule.max_total_tokens=16384",
-            "schedule.page_size=16", "job.max_requests=20", "job.format=json", "job.progress=false", cwd=tmp_path)
+    r = run("job=replay", "memory=hicache", "job.mode=full", "model=tiny", "hardware=h100_80gb",
+            "schedule.max_total_tokens=16384", "schedule.page_size=16", "job.max_requests=20", "job.format=json",
+            "job.progress=false", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["requests"] == 20 and out["host_pages"] == 2 * out["device_pages"] + 1
-    assert out["verify_mismatch_pages"] == 0
+    assert out["requests"]["requests_total"] == 20
+    assert out["memory"]["host_capacity_tokens"] == (2 * 16384 // 16 + 1) * 16
+    assert out["full_mode"]["verify_mismatch_pages"] == 0

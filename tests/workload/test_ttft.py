@@ -169,30 +169,3 @@ def test_llama3_8b_on_h100_is_in_a_plausible_range():
     attn = 4 * 32 * 32 * 128 * (8192 * 8193 / 2) / (989e12 * 0.5)
     assert ttft == pytest.approx(linear + attn, rel=1e-9)
     assert 0.2 < ttft < 0.5 and math.isfinite(ttft)
-
-
-def test_replay_job_times_the_metadata_replay_hits_with_the_timeline(tmp_path):
-    """job=replay (metadata) feeds every request's device hits to the timeline, arrivals x time_scale."""
-    import json
-
-    from sglang_hydra.config.compose import compose
-    from sglang_hydra.jobs import replay as job_replay
-    from sglang_hydra.jobs.context import JobContext
-    from sglang_hydra.workload.replay import replay
-    from sglang_hydra.workload.trace import load_trace
-
-    over = ["model=llama3_8b", "hardware=h100_80gb", "job.mode=metadata", "job.max_requests=300",
-            "job.progress=false", "job.time_scale=3", "schedule.page_size=512", "schedule.max_total_tokens=512000"]
-    record, composed = compose(over)
-    ctx = JobContext(output_dir=tmp_path, multirun=True, hardware=composed.hardware)
-    value = job_replay.run(record, composed.job, ctx)
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert value == metrics["ttft_p90_ms"] and metrics["status"] == "ok" and metrics["mode"] == "metadata"
-
-    reqs = load_trace(None).requests[:300]
-    hits = replay(record, reqs, keep_per_request=True).per_request_hit_pages
-    t = PrefillTimeline(composed.hardware, ModelShape.from_record(record), chunk_tokens=8192)
-    for r, k in zip(reqs, hits):
-        t.serve(r.timestamp * 3 / 1000, r.input_length, min(k * 512, r.input_length), 0, 0)
-    assert metrics["ttft_p90_ms"] == pytest.approx(t.summary()["ttft_p90_ms"])
-    assert metrics["device_hit_rate"] == pytest.approx(metrics["token_hit_rate"]) and metrics["host_hit_rate"] == 0

@@ -18,7 +18,7 @@ layouts), :mod:`.assemble` (composing and checking it all).  Every name is re-ex
 """
 
 from .model import (SIDES, DEFAULT_DEPLOY, DEPLOYMENT_JOBS, _SOURCE, _WILDCARD_HOSTS, DeploySettings,
-                    ROUTER_POLICIES, _ROUTER_MANAGED, _managed_router_flags, Router, Server, Deployment,
+                    ROUTER_POLICIES, WORKER_KEYS, deploy_settings_problems, _ROUTER_MANAGED, _managed_router_flags, Router, Server, Deployment,
                     connect_host, as_deployment, router_argv, _Side)  # noqa: F401
 from .request import (_TOKEN, _HELP_FLAGS, DeployRequest, deployment_request, _free_tokens, _deploy_token,
                       _parse_value, _load_file_sections)  # noqa: F401
@@ -26,7 +26,7 @@ from .ports import (ZMQ_TCP_PORT_DELTA, _ZMQ_PORTS, _GRPC_PORT_DELTA, _LOOPBACK,
                     _machine_loopback, _label, _key_flag, attn_dp_ports, _attn_dp, _legacy_grpc,
                     _dist_init_port, _server_port_claim, _side_claims, _router_claims, _clash_message,
                     _first_clash, _lay_out_ports, listening_ports)  # noqa: F401
-from .gpus import (gpus_per_node, gpu_ids, _on_gpus, _lay_out_gpus)  # noqa: F401
+from .gpus import (gpus_per_node, gpu_ids, _on_gpus, _lay_out_gpus, server_gpus, gpu_budget_problems)  # noqa: F401
 from .assemble import (deploy_options, _deploy_settings, _side_command, _without_config, _compose, _Once,
                        _RoleLabel, _merge_side_problems, compose_deployment, _field_of, _mentions, _stand_in,
                        _preset_mode, _dedupe, _MUST_AGREE, cross_side_problems)  # noqa: F401

@@ -10,8 +10,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import ConfigError, Problem, did_you_mean, problem_for
 from ..legacy import Setting
 from ..record import ServerArgs
-from .gpus import _lay_out_gpus
-from .model import (DEFAULT_DEPLOY, DEPLOYMENT_JOBS, ROUTER_POLICIES, SIDES, _SOURCE, Deployment, DeploySettings,
+from .gpus import _lay_out_gpus, gpu_budget_problems
+from .model import (WORKER_KEYS, deploy_settings_problems, DEFAULT_DEPLOY, DEPLOYMENT_JOBS, ROUTER_POLICIES, SIDES, _SOURCE, Deployment, DeploySettings,
                     Router, Server, _managed_router_flags, _Side)
 from .ports import _lay_out_ports
 from .request import DeployRequest
@@ -43,7 +43,9 @@ def _deploy_settings(req: DeployRequest, problems: List[Problem]) -> Tuple[Deplo
             continue
         v, err = _coerce_job(types[k], v)
         if err is None and k == "router_policy" and v is not None and v not in ROUTER_POLICIES:
-            err = f"{v!r} is not one of: {', '.join(ROUTER_POLICIES)}"
+            err = f"{v!r} is not a policy sglang-router 0.3.2 offers (one of: {', '.join(ROUTER_POLICIES)})"
+        if err is None and k in WORKER_KEYS + ("total_gpus",) and v is not None and (type(v) is not int or v < 1):
+            err = f"{v!r} is not a positive whole number"
         if err is None and k in ("router_port", "router_prometheus_port") and not 0 < v < 65536:
             err = f"{v} is not a TCP port (1-65535)"
         if err is None and k == "router_extra_args" and _managed_router_flags(v):
@@ -57,11 +59,14 @@ def _deploy_settings(req: DeployRequest, problems: List[Problem]) -> Tuple[Deplo
         if by_user:
             explicit.add(k)
     out.name = option
-    if option != "pd":
+    problems += [Problem(key, None, message, "deploy")
+                 for key, message in deploy_settings_problems(out, sorted(explicit))
+                 if key.partition(".")[2] not in ("router_policy",) and key.partition(".")[2] in WORKER_KEYS]
+    if not out.has_router:
         for k in sorted(explicit):
             if k.startswith("router"):
-                problems.append(Problem(f"deploy.{k}", None, f"the router only runs with deploy=pd "
-                                        f"(this is deploy={option})", "deploy"))
+                problems.append(Problem(f"deploy.{k}", None, f"the router only runs with deploy=pd or with "
+                                        f"deploy.workers above 1 (this is deploy={option} with one server)", "deploy"))
         if req.wants_sides:
             problems.append(Problem("deploy", None, f"prefill./decode. settings need deploy=pd "
                                     f"(this is deploy={option})", "deploy"))
@@ -217,6 +222,8 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
                                 "Hydra flags or hydra.* settings); run one record at a time for those", "deploy"))
     if settings.name != "pd":
         record, composed, probs = _compose(first, (), env)
+        if record is not None:
+            probs += _budget(settings, [("deploy.workers", settings.workers, record)], composed)
         if problems or probs:
             raise ConfigError(problems + probs)
         return record, composed.job_name, composed.job
@@ -256,6 +263,10 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
         problems.append(Problem("job", None, f"job={job_name} works on one record, not a deployment; deploy=pd "
                                 f"supports job={' and job='.join(DEPLOYMENT_JOBS)}", "deploy"))
     records = {role: rec for role, (rec, _c, _p) in first_pass.items()}
+    if all(records.values()):
+        problems += _budget(settings, [("deploy.prefill_workers", settings.prefill_workers, records["prefill"]),
+                                       ("deploy.decode_workers", settings.decode_workers, records["decode"])],
+                            first_pass["prefill"][1])
     by_role = {s.role: s for s in sides}
     if all(records.values()):
         assigned, router_ports = _lay_out_ports(records, by_role, settings, explicit_deploy, problems)
@@ -294,6 +305,13 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
                     tuple(settings.router_extra_args))
     dep = Deployment("pd", (Server("prefill", final["prefill"]), Server("decode", final["decode"])), router)
     return dep, composed_job.job_name, composed_job.job
+
+
+def _budget(settings: DeploySettings, groups, composed) -> List[Problem]:
+    """The servers' GPUs against deploy.total_gpus, or the hardware's node when that is unset."""
+    hardware = getattr(composed, "hardware", None)
+    return gpu_budget_problems(groups, settings.total_gpus, getattr(hardware, "gpus_per_node", None),
+                               getattr(hardware, "name", ""))
 
 
 def _field_of(key: str) -> str:

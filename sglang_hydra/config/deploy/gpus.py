@@ -2,7 +2,7 @@
 GPUs when both sides share a node.  It reuses the port layout's host matching, nothing more."""
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 from ..errors import Problem, problem_for
 from ..record import ServerArgs
@@ -65,3 +65,36 @@ def _lay_out_gpus(records: Dict[str, ServerArgs], sides: Dict[str, _Side], probl
             f"them, leave decode's unset to have it placed after prefill, or run the sides on different hosts "
             f"with prefill.serving.host / decode.serving.host)", _SOURCE))
     return {}
+
+
+# --------------------------------------------------------------------------- the GPU budget
+def server_gpus(record: ServerArgs) -> int:
+    """GPUs one server takes over all its nodes: every data-parallel replica is a TP x PP group."""
+    return max(1, record.tp_size) * max(1, record.pp_size) * max(1, record.dp_size)
+
+
+def gpu_budget_problems(groups: List[Tuple[str, int, ServerArgs]], total_gpus: Optional[int],
+                        node_gpus: Optional[int], hardware_name: str = "") -> List[Problem]:
+    """The deployment's GPUs against ``deploy.total_gpus`` (or one node when that is unset).
+
+    ``groups`` is (count key, server count, one server's record) per kind of server, e.g.
+    ``("deploy.prefill_workers", 3, prefill_record)``.  One line names every key in the product."""
+    parts, used = [], 0
+    for key, count, record in groups:
+        side = key.split(".")[1].replace("_workers", "").replace("workers", "")
+        prefix = f"{side}." if side else ""
+        parts.append(f"{key} {count} x {prefix}parallel.tp_size {max(1, record.tp_size)} x {prefix}parallel.pp_size "
+                     f"{max(1, record.pp_size)} x {prefix}parallel.dp_size {max(1, record.dp_size)}")
+        used += count * server_gpus(record)
+    if total_gpus is not None:
+        limit, what, fix = total_gpus, f"deploy.total_gpus {total_gpus}", "raise deploy.total_gpus or use fewer/smaller servers"
+    elif node_gpus:
+        limit = node_gpus
+        what = f"one node's hardware.gpus_per_node {node_gpus}" + (f" (hardware={hardware_name})" if hardware_name else "")
+        fix = "use fewer/smaller servers, or set deploy.total_gpus for a larger budget"
+    else:
+        return []
+    if used <= limit:
+        return []
+    key = groups[0][0] if len(groups) == 1 else "deploy"
+    return [Problem(key, None, f"{' + '.join(parts)} = {used} GPUs, over {what}; {fix}", "deploy")]

@@ -26,9 +26,42 @@ class DeploySettings:
     router_prometheus_port: int = 29000
     router_policy: Optional[str] = None          # None: the router's own default
     router_extra_args: List[str] = field(default_factory=list)   # passed to the router verbatim
+    workers: int = 1                  # single: N aggregated servers behind the router's regular mode
+    prefill_workers: int = 1          # pd: prefill servers (xPyD's x)
+    decode_workers: int = 1           # pd: decode servers (xPyD's y)
+    total_gpus: Optional[int] = None  # a GPU budget the servers must fit in (unset: one node)
+
+    @property
+    def has_router(self) -> bool:
+        """pd always has a router; single gets one (regular mode) when it has several workers."""
+        return self.name == "pd" or self.workers > 1
 
 
+# sglang-router 0.3.2's --policy choices (`python -m sglang_router.launch_router --help`)
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
+# deploy keys that count servers, with what they count
+_WORKER_OPTION = {"workers": "single", "prefill_workers": "pd", "decode_workers": "pd"}
+WORKER_KEYS = tuple(_WORKER_OPTION)
+
+
+def deploy_settings_problems(settings: "DeploySettings", explicit: Sequence[str] = ()) -> List[Tuple[str, str]]:
+    """(key, message) for every deploy key whose value does not fit the others (pure: the simulation
+    and the search check settings they build themselves with it, without composing anything)."""
+    out: List[Tuple[str, str]] = []
+    for key in ("workers", "prefill_workers", "decode_workers", "total_gpus"):
+        v = getattr(settings, key)
+        if v is not None and (type(v) is not int or v < 1):
+            out.append((f"deploy.{key}", f"{v!r} is not a positive whole number"))
+    if settings.router_policy is not None and settings.router_policy not in ROUTER_POLICIES:
+        out.append(("deploy.router_policy", f"{settings.router_policy!r} is not a policy sglang-router 0.3.2 offers "
+                    f"(one of: {', '.join(ROUTER_POLICIES)})"))
+    for key, option in _WORKER_OPTION.items():
+        if key in explicit and settings.name != option and getattr(settings, key) != 1:
+            own = {"single": "deploy.workers", "pd": "deploy.prefill_workers and deploy.decode_workers"}
+            hint = own.get(settings.name, f"select deploy={option}")
+            out.append((f"deploy.{key}", f"counts the servers of deploy={option}, but this is deploy={settings.name} "
+                        f"(its servers are counted by {hint}; or select deploy={option})"))
+    return out
 # router flags the deployment writes itself (router_argv); in router_extra_args they would fight it
 _ROUTER_MANAGED = {
     "--pd-disaggregation": "deploy=pd", "--prefill": "the prefill server's URL and bootstrap port",

@@ -54,6 +54,24 @@ class _ModelRules:
                                      hydra_only=True, ge=1)
     num_attention_heads: Optional[int] = arg(4, "Query heads of the whole model (config.json "
                                              "num_attention_heads).", hydra_only=True, ge=1)
+    # --- shapes the pass-time model (sglang_hydra.perf) costs; config.json names in brackets.
+    # Defaults are model=tiny's; a checkpoint directory replaces them (None where it cannot say).
+    intermediate_size: Optional[int] = arg(256, "Width of a dense layer's MLP (config.json intermediate_size).",
+                                           hydra_only=True, ge=1)
+    vocab_size: Optional[int] = arg(32000, "Vocabulary size: the width of the LM head (config.json vocab_size).",
+                                    hydra_only=True, ge=1)
+    num_experts: int = arg(0, "Routed experts per MoE layer; 0: a dense model (config.json n_routed_experts "
+                           "or num_experts).", hydra_only=True, ge=0)
+    num_experts_per_tok: int = arg(0, "Routed experts each token runs through (config.json "
+                                   "num_experts_per_tok).", hydra_only=True, ge=0)
+    moe_intermediate_size: Optional[int] = arg(None, "MLP width of one expert (config.json "
+                                               "moe_intermediate_size).", hydra_only=True, ge=1)
+    num_shared_experts: int = arg(0, "Experts every token runs through beside the routed ones (config.json "
+                                  "n_shared_experts).", hydra_only=True, ge=0)
+    first_dense_layers: int = arg(0, "Leading layers with a dense MLP instead of experts (config.json "
+                                  "first_k_dense_replace).", hydra_only=True, ge=0)
+    q_lora_rank: int = arg(0, "MLA: width of the compressed query; 0: queries are projected directly "
+                           "(config.json q_lora_rank).", hydra_only=True, ge=0)
 
 
 # Every reference field of the namespace; the class above names those with rules or our own defaults.

@@ -21,6 +21,16 @@ _HF_KEYS = {
     "model_type": "model_type",
     "hidden_size": "hidden_size",
     "num_attention_heads": "num_attention_heads",
+    # shapes the pass-time model costs (sglang_hydra.perf)
+    "intermediate_size": "intermediate_size",
+    "vocab_size": "vocab_size",
+    "n_routed_experts": "num_experts",
+    "num_experts": "num_experts",
+    "num_experts_per_tok": "num_experts_per_tok",
+    "moe_intermediate_size": "moe_intermediate_size",
+    "n_shared_experts": "num_shared_experts",
+    "first_k_dense_replace": "first_dense_layers",
+    "q_lora_rank": "q_lora_rank",
 }
 _RADIX_SAFE_DETERMINISTIC = ("ascend", "fa3", "fa4", "triton")
 _RADIX_OFF_ARCHS = {
@@ -63,7 +73,7 @@ def geometry_from_checkpoint(cfg: Resolving) -> None:
     from ..model_size import estimate_num_parameters
     # None where config.json cannot say: the tiny defaults must not pass for this model's size
     found["num_parameters"] = estimate_num_parameters(text)
-    for key in ("hidden_size", "num_attention_heads"):
+    for key in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
         found.setdefault(key, None)
     archs = hf.get("architectures") or []
     if archs:

@@ -1,0 +1,157 @@
+"""The pass-time model: hand-computed small cases, monotonicity, TP, MoE and MLA."""
+from __future__ import annotations
+
+import pytest
+
+from sglang_hydra.config.hardware import compose_hardware
+from sglang_hydra.perf import PassModel, PassModelError
+from sglang_hydra.perf.pass_time import ACT_BYTES, ELEMENTWISE_HIDDEN_PASSES
+
+LLAMA8 = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+              head_dim=128, vocab_size=128256, intermediate_size=14336, num_parameters=8030261248,
+              tp_size=1, model_path="llama")
+
+
+def unit_hw(**kw):
+    """1 TFLOP/s, 1 GB/s, perfect efficiencies, no floors: costs are countable by hand."""
+    hw = dict(name="unit", bf16_tflops=1.0, hbm_bandwidth_gbps=1.0, gemm_efficiency=1.0, gemm_half_tokens=0.0,
+              memory_efficiency=1.0, attention_prefill_efficiency=1.0, attention_decode_efficiency=1.0,
+              allreduce_efficiency=1.0, allreduce_latency_us=0.0, kernel_floor_us=0.0, pass_overhead_us=0.0,
+              tp_link="nvlink", nvlink_gbps=1.0, h2d_gbps=1.0)
+    hw.update(kw)
+    return hw
+
+
+def preset(name):
+    hw, problems = compose_hardware(name)
+    assert not problems
+    return hw
+
+
+TINY = dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+            vocab_size=16, intermediate_size=16, num_parameters=1000, tp_size=1, model_path="t", dtype="auto")
+
+
+def test_attn_pairs_counts_causal_pairs():
+    assert PassModel.attn_pairs(0, 1) == 1
+    assert PassModel.attn_pairs(0, 4) == 10          # 1 + 2 + 3 + 4
+    assert PassModel.attn_pairs(3, 2) == 2 * 3 + 3    # each new token sees the 3 cached + its causal part
+    assert PassModel.attn_pairs(5, 0) == 0
+
+
+def test_a_tiny_pass_by_hand():
+    """One layer, hidden 8, two query heads / one KV head of 4, MLP 16, vocab 16, on a unit machine."""
+    m = PassModel.from_record(TINY, unit_hw())
+    n = 4
+    pairs = PassModel.attn_pairs(0, n)
+    peak, bw = 1e12, 1e9
+    # GEMM (K, N): qkv (8, 2*4 + 1*(4+4)=16), o (8, 8), gate_up (8, 32), down (16, 8); memory-bound
+    # at 1 GB/s: weights 2 B each + activations 2 B x M x (K + N)
+    gemm = sum(max(2 * n * k * nn / peak, (2 * k * nn + 2 * n * (k + nn)) / bw)
+               for k, nn in ((8, 16), (8, 8), (8, 32), (16, 8)))
+    lm = max(2 * 1 * 8 * 16 / peak, (2 * 8 * 16 + 2 * 1 * (8 + 16)) / bw)
+    attn = pairs * 2 * 2 * (4 + 4) / peak
+    elem = n * ACT_BYTES * (ELEMENTWISE_HIDDEN_PASSES * 8 + 3 * 16) / bw
+    want = gemm + lm + attn + elem
+    assert m.step_s(n, pairs, 0, 0) == pytest.approx(want, rel=1e-12)
+    assert m.prefill_s([(0, n)]) == pytest.approx(want, rel=1e-12)
+    assert sum(m.breakdown(n, pairs).values()) == pytest.approx(want, rel=1e-12)
+
+
+def test_decode_reads_the_whole_kv_of_every_sequence():
+    hw = unit_hw(bf16_tflops=1e9)        # compute is free, only memory counts
+    m = PassModel.from_record(TINY, hw)
+    one = m.decode_s([100])
+    two = m.decode_s([100, 300])
+    kv_per_token = m.kv_bytes_per_token
+    assert kv_per_token == 1 * (1 * 4 + 1 * 4) * 2          # one layer, one KV head, K and V, bf16
+    b1, b2 = m.breakdown(1, 0, 1, 100), m.breakdown(2, 0, 2, 400)
+    assert b1["attention_decode"] == pytest.approx(100 * kv_per_token / 1e9)
+    assert b2["attention_decode"] == pytest.approx(400 * kv_per_token / 1e9)
+    assert two > one
+
+
+@pytest.mark.parametrize("hwname", ["h100_80gb", "a100_80gb", "l40s_48gb"])
+def test_monotone_in_every_input(hwname):
+    m = PassModel.from_record(LLAMA8, preset(hwname))
+    prev = 0.0
+    for n in (1, 16, 256, 1024, 4096, 16384):
+        t = m.prefill_s([(0, n)])
+        assert t > prev
+        prev = t
+    assert m.prefill_s([(8192, 1024)]) > m.prefill_s([(0, 1024)])
+    prev = 0.0
+    for b in (1, 8, 64, 256):
+        t = m.decode_s([2048] * b)
+        assert t >= prev
+        prev = t
+    assert m.decode_s([8192] * 32) > m.decode_s([1024] * 32)
+
+
+def test_tp_splits_the_work_and_pays_all_reduces():
+    hw = preset("h100_80gb")
+    t1 = PassModel.from_record(LLAMA8, hw)
+    t2 = PassModel.from_record(dict(LLAMA8, tp_size=2), hw)
+    assert t2.weight_bytes_per_gpu == pytest.approx(t1.weight_bytes_per_gpu / 2, rel=1e-6)
+    assert t2.kv_bytes_per_token == t1.kv_bytes_per_token / 2
+    p1, p2 = t1.prefill_s([(0, 8192)]), t2.prefill_s([(0, 8192)])
+    assert p1 / 2 < p2 < p1                     # faster, but less than twice: the all-reduces
+    b = t2.breakdown(8192, PassModel.attn_pairs(0, 8192))
+    assert b["allreduce"] > 0 and t1.breakdown(8192, 1)["allreduce"] == 0
+    # the all-reduce term is a ring: 2 per layer x 2 (tp-1)/tp x the activations
+    unit = unit_hw(nvlink_gbps=10.0)
+    u2 = PassModel.from_record(dict(TINY, tp_size=2), unit)
+    assert u2.breakdown(4, 10)["allreduce"] == pytest.approx(2 * 1 * (2 * 1 / 2) * 2 * 8 * 4 / 10e9)
+
+
+def test_l40s_all_reduce_crosses_pcie():
+    l40s = preset("l40s_48gb")
+    assert l40s.tp_link == "pcie" and l40s.nvlink_gbps is None
+    m = PassModel.from_record(dict(LLAMA8, tp_size=2), l40s)
+    nv = PassModel.from_record(dict(LLAMA8, tp_size=2), dict(l40s.to_dict(), tp_link="nvlink", nvlink_gbps=450.0))
+    assert m.breakdown(4096, 1)["allreduce"] > 5 * nv.breakdown(4096, 1)["allreduce"]
+
+
+def test_moe_is_costed_by_active_parameters():
+    from sglang_hydra.config.compose import compose
+    rec, composed = compose(["model=deepseek_v3", "hardware=h200_141gb", "parallel.tp_size=8"])
+    m = PassModel.from_record(rec, composed.hardware)
+    dense_equiv = dict(hidden_size=7168, num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
+                       head_dim=128, vocab_size=129280, num_parameters=671_000_000_000, tp_size=8,
+                       model_path="dense-671b", intermediate_size=(671_000_000_000 // 61) // (3 * 7168))
+    dense = PassModel.from_record(dense_equiv, composed.hardware)
+    pairs = PassModel.attn_pairs(0, 8192)
+    linear = lambda b: b["gemm"] + b["moe"]     # noqa: E731
+    # a dense model with all 671B parameters would take ~18x longer in the GEMMs (~37B active)
+    ratio = linear(dense.breakdown(8192, pairs)) / linear(m.breakdown(8192, pairs))
+    assert 12 < ratio < 25
+    # compute grows with the experts per token: 8 routed + 1 shared of 2048 wide, 58 MoE layers
+    b = m.breakdown(8192, PassModel.attn_pairs(0, 8192))
+    assert b["moe"] > 0 and b["gemm"] > 0
+    # decode of one token touches only its 8 experts, not all 256
+    one, many = m.breakdown(1, 0, 1, 1000)["moe"], m.breakdown(256, 0, 256, 256000)["moe"]
+    assert many > 10 * one
+
+
+def test_mla_decode_reads_the_latent_cache():
+    from sglang_hydra.config.compose import compose
+    rec, composed = compose(["model=deepseek_v3", "hardware=h200_141gb", "parallel.tp_size=8"])
+    m = PassModel.from_record(rec, composed.hardware)
+    # latent 512 + rope 64, fp? no: bf16 KV, all 61 layers, NOT split over TP
+    assert m.kv_bytes_per_token == (512 + 64) * 2 * 61
+    assert m.decode_s([4096] * 64) > m.decode_s([1024] * 64)
+
+
+def test_missing_fields_are_named():
+    bad = dict(LLAMA8)
+    del bad["intermediate_size"]
+    with pytest.raises(PassModelError, match=r"model\.intermediate_size is not set"):
+        PassModel.from_record(bad, preset("h100_80gb"))
+    with pytest.raises(PassModelError, match=r"parallel\.tp_size=3 does not divide model\.num_attention_heads=32"):
+        PassModel.from_record(dict(LLAMA8, tp_size=3), preset("h100_80gb"))
+    with pytest.raises(PassModelError, match=r"hardware\.bf16_tflops is not set"):
+        PassModel.from_record(LLAMA8, dict(name="local", hbm_bandwidth_gbps=100.0))
+    moe = dict(LLAMA8, num_experts=8)
+    with pytest.raises(PassModelError, match=r"model\.num_experts_per_tok.*model\.moe_intermediate_size"):
+        PassModel.from_record(moe, preset("h100_80gb"))
+
