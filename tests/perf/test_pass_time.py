@@ -17,6 +17,7 @@ def unit_hw(**kw):
     hw = dict(name="unit", bf16_tflops=1.0, hbm_bandwidth_gbps=1.0, gemm_efficiency=1.0, gemm_half_tokens=0.0,
               memory_efficiency=1.0, attention_prefill_efficiency=1.0, attention_decode_efficiency=1.0,
               allreduce_efficiency=1.0, allreduce_latency_us=0.0, kernel_floor_us=0.0, pass_overhead_us=0.0,
+              elementwise_kernel_us=0.0,
               tp_link="nvlink", nvlink_gbps=1.0, h2d_gbps=1.0)
     hw.update(kw)
     return hw
