@@ -20,10 +20,18 @@ is reproducible from the command above:
   ``attention_prefill_extra_pairs`` of ``(pairs + x * tokens) * heads * 4 * head_dim / (peak * e)``;
 * ``generation_attention`` (bf16, head 128, no window): ``attention_decode_efficiency`` and
   ``attention_decode_seq_us`` of ``kv_bytes / (bw * e) + seqs * s``;
-* ``custom_allreduce`` (CUDA-graph rows; message sizes are bf16 elements):
-  ``allreduce_efficiency`` and ``allreduce_latency_us`` of a ring over the preset's link,
-  and, for PCIe cards, ``allreduce_bridge_gbps``: the rate every GPU of a group larger than a
-  pair shares (their traffic crosses the host bridge).
+* ``generation_attention`` also gives ``attention_decode_half_ctas`` (sequences x KV heads at
+  which the read reaches half its rate);
+* ``custom_allreduce`` (CUDA-graph rows, 64 KB-1 GB; message sizes are bf16 elements):
+  ``allreduce_efficiency``, ``allreduce_latency_us`` and ``allreduce_tp_scaling`` of a ring over
+  the preset's link, and, for PCIe cards, ``allreduce_bridge_gbps``: the rate every GPU of a
+  group larger than a pair shares (their traffic crosses the host bridge);
+* ``elementwise_kernel_us``: ``gpu.mem_empirical_constant_latency`` of aiconfigurator's
+  ``systems/<gpu>.yaml``.
+
+``attention_prefill_layer_us`` and ``pass_overhead_us`` are written as 0 here: stage two,
+``scripts/refine_pass_model.py``, fits them (and the decode efficiency) end to end.  Run the
+stages in this order: stage one rewrites the whole block.
 """
 from __future__ import annotations
 

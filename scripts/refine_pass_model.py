@@ -2,9 +2,9 @@
 estimates on a FIT grid (never the grid the CI differential checks).
 
 The kernel tables (``scripts/fit_pass_model.py``, stage one) fix the factors each table
-measures well; what they cannot (decode attention there is partly served from L2 cache,
-the per-pass overhead is no kernel at all, and aiconfigurator composes its kernels with
-its own corrections) is fitted here, end to end, per GPU:
+measures well; what they cannot is fitted here, end to end, per GPU: the decode-attention
+efficiency (the generation tables are partly served from L2 cache), the per-layer cost of
+a prefill attention block beyond its kernel, and the per-pass overhead (no kernel at all):
 
     python3 -c 'import sys, json; sys.path.insert(0, "scripts"); from aic_grid import grid; \
         json.dump(grid(1, 200), sys.stdout)' > /tmp/fit_grid.json
