@@ -3,7 +3,7 @@ estimates on a FIT grid (never the grid the CI differential checks).
 
 The kernel tables (``scripts/fit_pass_model.py``, stage one) fix the factors each table
 measures well; what they cannot is fitted here, end to end, per GPU: the decode-attention
-efficiency (the generation tables are partly served from L2 cache), the per-layer cost of
+efficiency and occupancy (the generation tables are partly served from L2 cache), the per-layer cost of
 a prefill attention block beyond its kernel, and the per-pass overhead (no kernel at all):
 
     python3 -c 'import sys, json; sys.path.insert(0, "scripts"); from aic_grid import grid; \
@@ -30,6 +30,7 @@ sys.path.insert(0, ROOT)
 #: factors refined end to end, with their bounds
 REFINED = {
     "attention_decode_efficiency": (0.2, 1.0),
+    "attention_decode_half_ctas": (0.0, 64.0),
     "attention_prefill_layer_us": (0.0, 200.0),
     "pass_overhead_us": (0.0, 2000.0),
 }
