@@ -11,19 +11,23 @@ A pass is costed as the kernels SGLang runs for it, per tensor-parallel rank:
   (weights plus activations at ``hbm_bandwidth_gbps * memory_efficiency``), never less
   than ``kernel_floor_us``;
 * **attention**: prefill is causal over the cached and new tokens, ``2*(d_qk + d_v)`` FLOPs
-  per (query, key) pair and head at ``attention_prefill_efficiency`` of the peak; decode
-  reads the whole KV of every sequence at ``attention_decode_efficiency`` of the HBM rate;
+  per (query, key) pair and head at ``attention_prefill_efficiency`` of the peak (plus
+  ``attention_prefill_extra_pairs`` per token and ``attention_prefill_layer_us`` per layer);
+  decode reads the whole KV of every sequence at ``attention_decode_efficiency`` of the HBM
+  rate, slower while few sequences x KV heads occupy the GPU (``attention_decode_half_ctas``);
 * **tensor-parallel all-reduce**: two per layer (after attention and after the MLP) of the
   pass's activations, a ring over the link the preset names (``tp_link``: NVLink within a
-  node, PCIe for cards without it) at ``allreduce_efficiency``, plus
-  ``allreduce_latency_us`` each;
+  node, PCIe for cards without it) at ``allreduce_efficiency x (tp/2)^allreduce_tp_scaling``,
+  plus ``allreduce_latency_us`` each; PCIe groups above a pair share ``allreduce_bridge_gbps``;
 * **element-wise kernels** (fused residual add + norm twice, the gated activation): memory
   traffic of the activations plus ``elementwise_kernel_us`` each;
 * ``pass_overhead_us`` per pass.
 
-Every constant that does not depend on the batch is computed once in ``__init__`` so a
-pass costs a few dozen float operations (well over 100,000 passes per second in pure
-Python).  No torch, no Hydra.
+Every constant that does not depend on the batch is computed once in ``__init__``; the
+terms that depend only on the token count are read from an exact piecewise-linear table
+(bisect), so a pass costs about as much as a handful of Python calls (over 200,000 passes
+per second, ``scripts/bench_pass_model.py``).  The full table of classes and assumptions is
+in ``docs/whatif.md``.  No torch, no Hydra.
 """
 from __future__ import annotations
 
