@@ -11,6 +11,13 @@ a prefill attention block beyond its kernel, and the per-pass overhead (no kerne
     $AIC_PYTHON scripts/aic_oracle.py < /tmp/fit_grid_1.json > /tmp/fit_results_1.json   # the same for 2
     python scripts/refine_pass_model.py /tmp/fit_results_1.json /tmp/fit_results_2.json [--write]
 
+The two fit grids' aiconfigurator results are kept in ``scripts/aic_fit_results/`` (seed 1, 200
+points; seed 2, 160 points), so the presets are reproducible without aiconfigurator:
+
+    /work/venvs/aic/bin/python scripts/fit_pass_model.py --write     # stage one (needs its tables)
+    python scripts/refine_pass_model.py scripts/aic_fit_results/seed1_200.json \
+        scripts/aic_fit_results/seed2_160.json --write                # stage two
+
 It minimises, per GPU, the squared log ratio ours/aiconfigurator plus a steep penalty beyond
 10 % (so no point is sacrificed to the mean), over ``REFINED`` below, starting from the preset's
 stage-one values, with this project's own Nelder-Mead (``sglang_hydra.perf.fit.minimise``).
