@@ -1,19 +1,25 @@
-"""``job=calibrate``: measure this GPU and write a hardware preset the TTFT model can use.
+"""``job=calibrate``: measure this GPU and write a hardware preset the pass-time model can use.
 
-What it measures (torch, on the selected device):
+What it measures (torch, on the selected device), per operation class of the pass-time
+model (:mod:`sglang_hydra.perf`), and fits with that model's own formulas
+(:mod:`sglang_hydra.perf.fit`):
 
-* prefill compute: a Llama-shaped stack of decoder layers with random weights (the
-  record's model: hidden size, query/KV heads, head dim; a few layers stand for all of
-  them) runs prompts of several lengths, some after a cached prefix; the FLOPs the TTFT
-  model counts for each prompt divided by the measured time, over the peak, is
-  ``prefill_efficiency``;
-* the peak itself: the base preset's ``bf16_tflops`` (a datasheet figure), or, when the
-  base has none, the rate of a large matmul measured here;
-* ``h2d_gbps`` / ``d2h_gbps``: pinned host <-> device copies; ``hbm_bandwidth_gbps``: a
-  device-to-device copy.
+* **GEMMs** of the record's model shapes (q/k/v, o, gate/up, down) at token counts from 1
+  to thousands: ``gemm_efficiency``, ``gemm_half_tokens``, ``memory_efficiency`` and
+  ``kernel_floor_us``;
+* **prefill attention** (causal, scaled_dot_product_attention) over several prompt lengths:
+  ``attention_prefill_efficiency`` and ``attention_prefill_extra_pairs``;
+* **decode attention** (one query per sequence over its KV) for several batches and
+  contexts: ``attention_decode_efficiency`` and ``attention_decode_seq_us``;
+* the peak: the base preset's ``bf16_tflops`` (a datasheet figure), or, when the base has
+  none, the rate of a large matmul measured here; ``h2d_gbps`` / ``d2h_gbps``: pinned host
+  <-> device copies; ``hbm_bandwidth_gbps``: a device-to-device copy.
 
-It then predicts, with the TTFT model and the new preset, five prompt shapes it did not fit
-on, and prints the error of each prediction against a measurement.
+One GPU cannot time a tensor-parallel all-reduce, so the all-reduce factors, the links
+(``tp_link``, ``nvlink_gbps``, ``nic_gbps``) and ``pass_overhead_us`` are kept from the
+base preset (the source says so).  It then predicts, with the pass-time model and the new
+preset, five prompt shapes of a decoder-layer stack it did not fit on, and prints the
+error of each prediction against a measurement.
 
 The preset is written as ``<output dir>/hardware/<name>.yaml``: use it with
 ``hydra.searchpath=[file://<output dir>] hardware=<name>``.  ``job.device=cpu`` runs the
@@ -34,11 +40,19 @@ from .context import JobContext
 
 GB = 1e9
 
-#: (new tokens, cached prefix tokens): fitted on, then predicted
-GPU_FIT_SHAPES = ((2048, 0), (8192, 0), (4096, 8192))
+#: (new tokens, cached prefix tokens) of the stack runs the new preset predicts
 GPU_CHECK_SHAPES = ((512, 0), (1024, 4096), (3072, 0), (6144, 2048), (2048, 16384))
-CPU_FIT_SHAPES = ((64, 0), (192, 0), (128, 128))
 CPU_CHECK_SHAPES = ((32, 0), (48, 96), (96, 0), (160, 64), (64, 256))
+#: token counts of the GEMM sweep; prompt lengths of the attention sweep; (batch, context) of decode
+GPU_GEMM_TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
+CPU_GEMM_TOKENS = (1, 8, 32, 128)
+GPU_PREFILL_LENGTHS = (512, 1024, 2048, 4096, 8192)
+CPU_PREFILL_LENGTHS = (32, 64, 128, 256)
+GPU_DECODE_SHAPES = ((1, 4096), (8, 2048), (32, 4096), (64, 1024), (128, 2048))
+CPU_DECODE_SHAPES = ((1, 256), (4, 128), (8, 512), (16, 64))
+#: preset fields one GPU cannot measure: kept from the base preset
+KEPT_FROM_BASE = ("allreduce_efficiency", "allreduce_latency_us", "allreduce_bridge_gbps", "pass_overhead_us",
+                  "tp_link", "nvlink_gbps", "nic_gbps", "host_memory_gb", "storage_read_gbps", "storage_write_gbps")
 
 
 @dataclass
@@ -148,10 +162,50 @@ def _timed(torch, device: str, fn, repeats: int) -> float:
     return statistics.median(out)
 
 
-def _flops(shape: StackShape, new: int, prefix: int) -> float:
-    """What the TTFT model counts for this stack (linear + causal attention pairs)."""
-    pairs = new * prefix + new * (new + 1) / 2.0
-    return 2.0 * shape.params * new + 4.0 * shape.layers * shape.heads * shape.head_dim * pairs
+def measure_gemms(torch, device: str, dtype, shape: StackShape, tokens, repeats: int):
+    """(m, n, k, seconds) of ``[m, k] x [k, n]`` for the model's four projection shapes."""
+    s = shape
+    mats = ((s.hidden, s.heads * s.head_dim + 2 * s.kv_heads * s.head_dim), (s.heads * s.head_dim, s.hidden),
+            (s.hidden, 2 * s.intermediate), (s.intermediate, s.hidden))
+    out = []
+    for k, n in mats:
+        w = torch.randn(k, n, device=device, dtype=dtype)
+        for m in tokens:
+            x = torch.randn(m, k, device=device, dtype=dtype)
+            out.append((m, n, k, _timed(torch, device, lambda: x @ w, repeats)))
+    return out
+
+
+def measure_prefill_attention(torch, device: str, dtype, shape: StackShape, lengths, repeats: int):
+    """(seqs, length, heads, head_dim, seconds) of causal attention over one prompt."""
+    F = torch.nn.functional
+    out = []
+    for n in lengths:
+        q = torch.randn(1, shape.heads, n, shape.head_dim, device=device, dtype=dtype)
+        k = torch.randn(1, shape.heads, n, shape.head_dim, device=device, dtype=dtype)
+        v = torch.randn(1, shape.heads, n, shape.head_dim, device=device, dtype=dtype)
+        out.append((1, n, shape.heads, shape.head_dim,
+                    _timed(torch, device, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), repeats)))
+    return out
+
+
+def measure_decode_attention(torch, device: str, dtype, shape: StackShape, shapes, repeats: int):
+    """(seqs, KV tokens, KV bytes per token (one layer), seconds) of one query per sequence."""
+    F = torch.nn.functional
+    itemsize = 2 if dtype == torch.bfloat16 else 4
+    per_token = 2 * shape.kv_heads * shape.head_dim * itemsize
+    rep = shape.heads // shape.kv_heads
+    out = []
+    for batch, ctx_len in shapes:
+        q = torch.randn(batch, shape.heads, 1, shape.head_dim, device=device, dtype=dtype)
+        k = torch.randn(batch, shape.kv_heads, ctx_len, shape.head_dim, device=device, dtype=dtype)
+        v = torch.randn(batch, shape.kv_heads, ctx_len, shape.head_dim, device=device, dtype=dtype)
+
+        def attend():
+            q2 = q.view(batch, shape.kv_heads, rep, shape.head_dim)     # grouped queries share their KV head
+            return F.scaled_dot_product_attention(q2, k, v)
+        out.append((batch, batch * ctx_len, float(per_token), _timed(torch, device, attend, repeats)))
+    return out
 
 
 def measure_matmul_tflops(torch, device: str, dtype, repeats: int) -> float:
@@ -190,43 +244,54 @@ def run(record, job: dict, ctx: JobContext) -> Dict[str, Any]:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     base = getattr(ctx, "hardware", None)
     shape = stack_shape(record, device)
-    fit_shapes, check_shapes = (GPU_FIT_SHAPES, GPU_CHECK_SHAPES) if device == "cuda" else \
-        (CPU_FIT_SHAPES, CPU_CHECK_SHAPES)
+    gpu = device == "cuda"
+    check_shapes = GPU_CHECK_SHAPES if gpu else CPU_CHECK_SHAPES
     stack = _Stack(torch, shape, device, dtype)
 
     copies = measure_copies(torch, device, repeats)
     peak = _field(base, "bf16_tflops")
     peak_source = f"base preset {_field(base, 'name')}"
     measured_peak = measure_matmul_tflops(torch, device, dtype, repeats)
-    if not peak or device == "cpu":
+    if not peak or not gpu:
         peak, peak_source = measured_peak, "measured: a large matmul on this device"
-    fit = []
-    for new, prefix in fit_shapes:
-        sec = _timed(torch, device, lambda: stack.run(new, prefix), repeats)
-        fit.append({"new_tokens": new, "prefix_tokens": prefix, "seconds": sec,
-                    "tflops": _flops(shape, new, prefix) / sec / 1e12})
-    efficiency = sum(_flops(shape, f["new_tokens"], f["prefix_tokens"]) for f in fit) / \
-        (sum(f["seconds"] for f in fit) * peak * 1e12)
-    efficiency = min(1.0, efficiency)
+    from ..perf import fit as perf_fit
+    peak_flops, bw = float(peak) * 1e12, copies["hbm_bandwidth_gbps"] * GB
+    itemsize = 2.0 if gpu else 4.0
+    gemms = measure_gemms(torch, device, dtype, shape, GPU_GEMM_TOKENS if gpu else CPU_GEMM_TOKENS, repeats)
+    factors, gemm_rms = perf_fit.fit_gemm(gemms, peak_flops, bw, itemsize)
+    floor = factors["kernel_floor_us"]
+    prefill = measure_prefill_attention(torch, device, dtype, shape,
+                                        GPU_PREFILL_LENGTHS if gpu else CPU_PREFILL_LENGTHS, repeats)
+    got, prefill_rms = perf_fit.fit_prefill_attention(prefill, peak_flops, floor)
+    factors.update(got)
+    decode = measure_decode_attention(torch, device, dtype, shape, GPU_DECODE_SHAPES if gpu else CPU_DECODE_SHAPES,
+                                      repeats)
+    got, decode_rms = perf_fit.fit_decode_attention(decode, bw, floor, shape.kv_heads)
+    factors.update(got)
+    fit = {"gemm": {"samples": len(gemms), "rms_log_error": gemm_rms},
+           "attention_prefill": {"samples": len(prefill), "rms_log_error": prefill_rms},
+           "attention_decode": {"samples": len(decode), "rms_log_error": decode_rms}}
 
     name = job.get("preset_name") or _default_name(torch, device)
     # the rehearsal has no GPU: it keeps the base preset's size, or an 80 GB placeholder
-    gpu_gb = (torch.cuda.get_device_properties(0).total_memory / GB) if device == "cuda" else \
+    gpu_gb = (torch.cuda.get_device_properties(0).total_memory / GB) if gpu else \
         (_field(base, "gpu_memory_gb") or 80.0)
+    from ..config.hardware import Hardware
+    defaults = Hardware()
     preset = {
         "name": name,
         "gpu_memory_gb": _sig(gpu_gb),
         "hbm_bandwidth_gbps": _sig(copies["hbm_bandwidth_gbps"]),
         "bf16_tflops": _sig(float(peak)),
-        "prefill_efficiency": _sig(efficiency),
+        **{k: _sig(v) for k, v in factors.items()},
         "h2d_gbps": _sig(copies["h2d_gbps"]),
         "d2h_gbps": _sig(copies["d2h_gbps"]),
-        "host_memory_gb": _field(base, "host_memory_gb"),
-        "storage_read_gbps": _field(base, "storage_read_gbps"),
-        "storage_write_gbps": _field(base, "storage_write_gbps"),
-        "gpus_per_node": (torch.cuda.device_count() if device == "cuda" else _field(base, "gpus_per_node")),
+        "gpus_per_node": (torch.cuda.device_count() if gpu else _field(base, "gpus_per_node")),
         "source": _source(torch, device, shape, peak_source, base),
     }
+    for key in KEPT_FROM_BASE:
+        v = _field(base, key)
+        preset[key] = v if v is not None else getattr(defaults, key)
     checks = predict_vs_measure(torch, device, stack, shape, preset, check_shapes, repeats)
     out_dir = ctx.out_dir()
     preset_path = out_dir / "hardware" / f"{name}.yaml"
@@ -248,15 +313,20 @@ def run(record, job: dict, ctx: JobContext) -> Dict[str, Any]:
 
 
 def predict_vs_measure(torch, device, stack, shape: StackShape, preset, shapes, repeats) -> List[Dict[str, Any]]:
-    """The TTFT model's prefill time with the new preset against a measurement, per shape."""
-    from ..workload.ttft import ModelShape, PrefillTimeline
-    model = ModelShape(num_parameters=shape.params, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                       head_dim=shape.head_dim, kv_bytes_per_token=2 * shape.layers * shape.kv_heads * shape.head_dim * 2,
-                       weight_bytes_per_param=2.0 if device == "cuda" else 4.0)
+    """The pass-time model's prefill time for the stack with the new preset, against a measurement."""
+    from ..config.hardware import Hardware
+    from ..perf import PassModel
+    hw = Hardware().to_dict()
+    hw.update({k: v for k, v in preset.items() if k in hw})
+    itemsize = 2.0 if device == "cuda" else 4.0
+    model = PassModel(tp=1, hidden=shape.hidden, layers=shape.layers, heads=shape.heads, kv_heads=shape.kv_heads,
+                      head_dim=shape.head_dim, v_head_dim=shape.head_dim, intermediate=shape.intermediate,
+                      vocab=0, kv_bytes_per_token=2 * shape.layers * shape.kv_heads * shape.head_dim * itemsize,
+                      weight_bytes_per_gpu=shape.params * itemsize, weight_itemsize=itemsize, hardware=hw,
+                      name="calibration stack")
     out = []
     for new, prefix in shapes:
-        tl = PrefillTimeline(preset, model, chunk_tokens=None)
-        predicted = tl.serve(0.0, prefix + new, prefix, 0, 0)
+        predicted = model.prefill_s([(prefix, new)])
         measured = _timed(torch, device, lambda: stack.run(new, prefix), repeats)
         out.append({"new_tokens": new, "prefix_tokens": prefix, "predicted_s": predicted, "measured_s": measured,
                     "error_pct": 100.0 * (predicted - measured) / measured})
@@ -277,11 +347,13 @@ def _default_name(torch, device: str) -> str:
 
 def _source(torch, device, shape, peak_source, base) -> str:
     where = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (rehearsal only)"
-    kept = f"; host memory and storage rates kept from {_field(base, 'name')}" if base is not None else ""
+    kept = (f"; all-reduce factors, links, pass overhead, host memory and storage rates kept from "
+            f"{_field(base, 'name')}") if base is not None else ""
     return (f"job=calibrate on {where}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
-            f"prefill of a {shape.layers}-layer stack (hidden {shape.hidden}, {shape.heads}/{shape.kv_heads} heads of "
-            f"{shape.head_dim}, MLP {shape.intermediate}) with torch {torch.__version__}; peak from {peak_source}; "
-            f"pinned copies for h2d/d2h, a device copy for HBM{kept}")
+            f"GEMMs, prefill and decode attention of the model's shapes (hidden {shape.hidden}, {shape.heads}/"
+            f"{shape.kv_heads} heads of {shape.head_dim}, MLP {shape.intermediate}) with torch {torch.__version__}, "
+            f"fitted with sglang_hydra.perf.fit; peak from {peak_source}; pinned copies for h2d/d2h, a device copy "
+            f"for HBM{kept}")
 
 
 def _print(result: Dict[str, Any], job: dict, out_dir) -> None:
@@ -291,7 +363,9 @@ def _print(result: Dict[str, Any], job: dict, out_dir) -> None:
     p = result["preset"]
     if result["rehearsal"]:
         print("REHEARSAL on the CPU with tiny shapes: the numbers below describe this CPU, not a GPU.")
-    print(f"prefill efficiency {p['prefill_efficiency']:.3f} of {p['bf16_tflops']:g} TFLOP/s; "
+    print(f"GEMM efficiency {p['gemm_efficiency']:.3f} of {p['bf16_tflops']:g} TFLOP/s (half at "
+          f"{p['gemm_half_tokens']:g} tokens), memory {p['memory_efficiency']:.3f}, prefill attention "
+          f"{p['attention_prefill_efficiency']:.3f}, decode attention {p['attention_decode_efficiency']:.3f}; "
           f"h2d {p['h2d_gbps']:.1f} GB/s, d2h {p['d2h_gbps']:.1f} GB/s, HBM {p['hbm_bandwidth_gbps']:.0f} GB/s")
     print(f"{'new tokens':>10} {'prefix':>8} {'predicted ms':>13} {'measured ms':>12} {'error %':>8}")
     for c in result["checks"]:

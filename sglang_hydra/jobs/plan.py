@@ -26,7 +26,11 @@ def _metrics(plan) -> dict:
 def run(record, job: dict, ctx: JobContext) -> dict:
     from ..memory.errors import MemorySetupError
     from ..memory.plan import make_plan
+    from .single_engine import data_parallel_problems
 
+    problems = data_parallel_problems(record, "plan")
+    if problems:
+        raise ConfigError(problems)
     try:
         plan = make_plan(record, hardware=ctx.hardware, check_io=False)
     except MemorySetupError as exc:

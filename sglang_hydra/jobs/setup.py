@@ -16,7 +16,11 @@ def _as_config_error(exc) -> ConfigError:
 
 def run(record, job: dict, ctx: JobContext) -> dict:
     from ..memory import MemorySetupError, build_memory, verify
+    from .single_engine import data_parallel_problems
 
+    problems = data_parallel_problems(record, "setup")
+    if problems:
+        raise ConfigError(problems)
     try:
         memory = build_memory(record, progress=job.get("progress", True), hardware=ctx.hardware)
     except MemorySetupError as exc:

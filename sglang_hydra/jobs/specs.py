@@ -130,6 +130,18 @@ class PlanJob:
     format: str = "table"                # table | json
 
 
+@dataclass
+class EstimateJob:
+    """One static batch on the target hardware: TTFT, TPOT, tokens/s and memory (pass-time model)."""
+
+    name: str = "estimate"
+    isl: int = 1024                      # prompt tokens per request
+    osl: int = 128                       # output tokens per request
+    batch_size: int = 1                  # requests that arrive together
+    prefix: int = 0                      # cached prompt tokens per request
+    format: str = "table"                # table | json
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A job: its settings class, its implementation and the allowed values of its settings."""
@@ -153,6 +165,7 @@ JOB_SPECS: Dict[str, JobSpec] = {
     "pd_pair": JobSpec(PdPairJob, "sglang_hydra.jobs.pd:run_pair", {"format": ("table", "json")}),
     "launch": JobSpec(LaunchJob, "sglang_hydra.jobs.launch:run"),
     "plan": JobSpec(PlanJob, "sglang_hydra.jobs.plan:run", {"format": ("table", "json")}),
+    "estimate": JobSpec(EstimateJob, "sglang_hydra.jobs.estimate:run", {"format": ("table", "json")}),
 }
 
 

@@ -43,7 +43,12 @@ def test_calibrate_cpu_rehearsal_writes_a_usable_preset(tmp_path):
     text = (out / "hardware" / "rehearsal.yaml").read_text()
     assert "REHEARSAL" in text
     preset = yaml.safe_load(text)
-    assert preset["name"] == "rehearsal" and 0 < preset["prefill_efficiency"] <= 1
+    assert preset["name"] == "rehearsal"
+    for key in ("gemm_efficiency", "memory_efficiency", "attention_prefill_efficiency", "attention_decode_efficiency"):
+        assert 0 < preset[key] <= 1, key
+    assert set(result["fit"]) == {"gemm", "attention_prefill", "attention_decode"}
+    from sglang_hydra.config.hardware import HARDWARE_FIELDS
+    assert set(preset) <= set(HARDWARE_FIELDS)     # a hardware preset, field for field
     spec = HardwareSpec.from_any(preset)     # the TTFT model accepts it as it is
     assert spec.bf16_tflops > 0 and spec.h2d_gbps > 0 and spec.hbm_bandwidth_gbps > 0
     # usable right away: on Hydra's search path, and as a --config file

@@ -17,6 +17,7 @@ def unit_hw(**kw):
     hw = dict(name="unit", bf16_tflops=1.0, hbm_bandwidth_gbps=1.0, gemm_efficiency=1.0, gemm_half_tokens=0.0,
               memory_efficiency=1.0, attention_prefill_efficiency=1.0, attention_decode_efficiency=1.0,
               allreduce_efficiency=1.0, allreduce_latency_us=0.0, kernel_floor_us=0.0, pass_overhead_us=0.0,
+              elementwise_kernel_us=0.0,
               tp_link="nvlink", nvlink_gbps=1.0, h2d_gbps=1.0)
     hw.update(kw)
     return hw
@@ -155,3 +156,72 @@ def test_missing_fields_are_named():
     with pytest.raises(PassModelError, match=r"model\.num_experts_per_tok.*model\.moe_intermediate_size"):
         PassModel.from_record(moe, preset("h100_80gb"))
 
+
+
+@pytest.mark.parametrize("hwname,tp", [("h100_80gb", 1), ("l40s_48gb", 4), ("a100_80gb", 8)])
+def test_piecewise_lookup_equals_the_direct_sum(hwname, tp):
+    """step_s reads the token-count terms from a piecewise-linear table: it must be exact."""
+    m = PassModel.from_record(dict(LLAMA8, tp_size=tp), preset(hwname))
+    for n in (1, 2, 3, 7, 31, 64, 100, 257, 1000, 4096, 8191, 65536, 300000):
+        direct = sum(m.breakdown(n, 0, n, n * 10).values())
+        assert m.step_s(n, 0, n, n * 10) == pytest.approx(direct, rel=1e-9)
+        pairs = PassModel.attn_pairs(0, n)
+        assert m.step_s(n, pairs, 0, 0) == pytest.approx(sum(m.breakdown(n, pairs).values()), rel=1e-9)
+
+
+def test_fits_recover_known_factors():
+    """The calibrate fitters get back the factors that generated the timings."""
+    from sglang_hydra.perf import fit
+    peak, bw = 500e12, 2e12
+    truth = dict(gemm_efficiency=0.7, gemm_half_tokens=80.0, memory_efficiency=0.75, kernel_floor_us=6.0)
+    samples = [(m, n, k, fit.gemm_s(m, n, k, peak, bw, 2.0, *truth.values()))
+               for m in (1, 4, 16, 64, 256, 1024, 4096, 16384) for n, k in ((4096, 4096), (14336, 4096), (256, 256))]
+    got, rms = fit.fit_gemm(samples, peak, bw, 2.0)
+    assert rms < 0.01
+    for key in ("gemm_efficiency", "memory_efficiency"):
+        assert got[key] == pytest.approx(truth[key], rel=0.05)
+    samples = [(b, s, 32, 128, fit.prefill_attention_s(b, s, 32, 128, peak, 0.6, 300.0, 6.0))
+               for b in (1, 4) for s in (256, 1024, 4096, 16384)]
+    got, rms = fit.fit_prefill_attention(samples, peak, 6.0)
+    assert rms < 0.01 and got["attention_prefill_efficiency"] == pytest.approx(0.6, rel=0.05)
+    samples = [(b, b * c, 32768.0, fit.decode_attention_s(b, b * c, 32768.0, bw, 0.8, 0.2, 6.0))
+               for b in (1, 8, 64, 256) for c in (128, 1024, 8192)]
+    got, rms = fit.fit_decode_attention(samples, bw, 6.0)
+    assert rms < 0.01 and got["attention_decode_efficiency"] == pytest.approx(0.8, rel=0.05)
+
+
+MODEL_PRESETS = ["llama3_1_8b", "llama3_1_70b", "qwen3_8b", "qwen3_32b", "llama3_8b", "qwen2_7b", "deepseek_v3",
+                 "tiny", "tiny_mla"]
+
+
+@pytest.mark.parametrize("name", MODEL_PRESETS)
+def test_model_presets_load_cite_config_json_and_are_costable(name):
+    from sglang_hydra.config.compose import compose
+    from sglang_hydra.config.presets import conf_dir
+    text = (conf_dir() / "model" / f"{name}.yaml").read_text()
+    if not name.startswith("tiny"):
+        assert "config.json" in text and "huggingface.co" in text      # each shape's published source
+    rec, composed = compose([f"model={name}", "hardware=h200_141gb", "parallel.tp_size=8" if name in
+                             ("llama3_1_70b", "deepseek_v3") else "parallel.tp_size=1"])
+    m = PassModel.from_record(rec, composed.hardware)
+    assert 0 < m.prefill_s([(0, 1024)]) < 10 and 0 < m.decode_s([1024] * 8) < 1
+
+
+def test_new_presets_have_the_published_shapes():
+    from sglang_hydra.config.compose import compose
+    rec, _ = compose(["model=llama3_1_70b"])
+    assert (rec.hidden_size, rec.intermediate_size, rec.num_hidden_layers, rec.num_attention_heads,
+            rec.num_key_value_heads, rec.vocab_size, rec.max_position_embeddings) == \
+        (8192, 28672, 80, 64, 8, 128256, 131072)
+    rec, _ = compose(["model=qwen3_8b"])
+    assert (rec.hidden_size, rec.intermediate_size, rec.num_hidden_layers, rec.head_dim, rec.vocab_size) == \
+        (4096, 12288, 36, 128, 151936)
+
+
+@pytest.mark.parametrize("name", ["h100_80gb", "h200_141gb", "a100_80gb", "l40s_48gb"])
+def test_gpu_presets_state_where_their_efficiencies_come_from(name):
+    from sglang_hydra.config.presets import conf_dir
+    text = (conf_dir() / "hardware" / f"{name}.yaml").read_text()
+    assert "scripts/fit_pass_model.py" in text and "aiconfigurator" in text
+    assert "scripts/refine_pass_model.py" in text
+    assert "nic_gbps" in text and ("ConnectX" in text or "ASSUMED" in text)

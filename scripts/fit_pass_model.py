@@ -1,0 +1,238 @@
+"""Derive the pass-time model's per-operation-class efficiencies from aiconfigurator's
+measured SGLang kernel tables, and print them as hardware-preset YAML.
+
+Run with aiconfigurator 0.12.0's Python (it brings pandas, pyarrow and scipy):
+
+    /work/venvs/aic/bin/python scripts/fit_pass_model.py            # every GPU
+    /work/venvs/aic/bin/python scripts/fit_pass_model.py h100_sxm   # one
+    /work/venvs/aic/bin/python scripts/fit_pass_model.py --write    # and update conf/hardware/*.yaml
+
+Only aiconfigurator's *data* is read (the parquet tables under
+``aiconfigurator_core/systems/data/<gpu>/<op>/sglang/<version>/``); each table is held
+against this project's own cost formula for that class (``sglang_hydra/perf/pass_time.py``)
+and the formula's free factors are fitted by least squares on log time, so every factor
+is reproducible from the command above:
+
+* ``gemm`` (``gemm_perf``, bf16 torch linear, the rows with K, N >= 256): ``gemm_efficiency``,
+  ``gemm_half_tokens``, ``memory_efficiency``, ``kernel_floor_us`` of
+  ``max(2MNK / (peak * e * M / (M + h)), bytes / (bw * me), floor)``;
+* ``context_attention`` (bf16, head 128, no window): ``attention_prefill_efficiency`` and
+  ``attention_prefill_extra_pairs`` of ``(pairs + x * tokens) * heads * 4 * head_dim / (peak * e)``;
+* ``generation_attention`` (bf16, head 128, no window): ``attention_decode_efficiency`` and
+  ``attention_decode_seq_us`` of ``kv_bytes / (bw * e) + seqs * s``;
+* ``generation_attention`` also gives ``attention_decode_half_ctas`` (sequences x KV heads at
+  which the read reaches half its rate);
+* ``custom_allreduce`` (CUDA-graph rows, 64 KB-1 GB; message sizes are bf16 elements):
+  ``allreduce_efficiency``, ``allreduce_latency_us`` and ``allreduce_tp_scaling`` of a ring over
+  the preset's link, and, for PCIe cards, ``allreduce_bridge_gbps``: the rate every GPU of a
+  group larger than a pair shares (their traffic crosses the host bridge);
+* ``elementwise_kernel_us``: ``gpu.mem_empirical_constant_latency`` of aiconfigurator's
+  ``systems/<gpu>.yaml``.
+
+``attention_prefill_layer_us`` and ``pass_overhead_us`` are written as 0 here: stage two,
+``scripts/refine_pass_model.py``, fits them (and the decode efficiency) end to end.  Run the
+stages in this order: stage one rewrites the whole block.
+"""
+from __future__ import annotations
+
+import glob
+import math
+import os
+import sys
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+
+# our preset -> (aiconfigurator system, dense bf16 TFLOP/s, HBM GB/s, TP link GB/s one way, link)
+SYSTEMS = {
+    "h100_sxm": ("h100_80gb", 989.4, 3350.0, 450.0, "nvlink"),
+    "h200_sxm": ("h200_141gb", 989.4, 4800.0, 450.0, "nvlink"),
+    "a100_sxm": ("a100_80gb", 312.0, 2039.0, 300.0, "nvlink"),
+    "l40s": ("l40s_48gb", 362.05, 864.0, 32.0, "pcie"),
+}
+
+
+def data_dir() -> str:
+    import aiconfigurator_core
+    return os.path.join(os.path.dirname(aiconfigurator_core.__file__), "systems", "data")
+
+
+def table(system: str, op: str, name: str) -> pd.DataFrame:
+    """The newest SGLang version's table ``name`` for ``op`` on ``system``."""
+    paths = glob.glob(os.path.join(data_dir(), system, op, "sglang", "*", f"{name}.parquet"))
+    if not paths:
+        raise SystemExit(f"no {op}/{name} table for {system}")
+
+    def version(p):
+        v = p.split(os.sep)[-2].replace(".post", ".")
+        return tuple(int(x) for x in v.split(".") if x.isdigit())
+    return pd.read_parquet(max(paths, key=version))
+
+
+def elementwise_constant_us(system):
+    """The fixed latency aiconfigurator's system file states for memory-bound kernels."""
+    import yaml
+    with open(os.path.join(os.path.dirname(data_dir()), f"{system}.yaml"), encoding="utf-8") as fh:
+        return float(yaml.safe_load(fh)["gpu"]["mem_empirical_constant_latency"]) * 1e6
+
+
+def fit(resid, x0, lo, hi):
+    r = least_squares(resid, x0, bounds=(lo, hi))
+    return r.x, float(np.sqrt(np.mean(r.fun ** 2)))
+
+
+def fit_gemm(system, peak, bw):
+    d = table(system, "gemm", "gemm_perf")
+    # the shapes a transformer's projections have (K, N >= 1024); M up to 32k tokens
+    d = d[(d.gemm_dtype == "bfloat16") & (d.n >= 1024) & (d.k >= 1024) & (d.m <= 32768)]
+    m, n, k = d.m.values.astype(float), d.n.values.astype(float), d.k.values.astype(float)
+    t = d.latency.values / 1e3
+
+    def model(p):
+        eff, half, me, floor = p
+        comp = 2 * n * k * (m + half) / (peak * eff)
+        mem = (2 * n * k + 2 * m * (n + k)) / (bw * me)
+        return np.maximum(np.maximum(comp, mem), floor * 1e-6)
+    p, rms = fit(lambda p: np.log(model(p) / t), [0.7, 64, 0.8, 5], [0.05, 0, 0.05, 0], [1, 4096, 1, 100])
+    return dict(gemm_efficiency=p[0], gemm_half_tokens=p[1], memory_efficiency=p[2], kernel_floor_us=p[3]), rms
+
+
+def fit_context_attention(system, peak, floor_us):
+    d = table(system, "attention", "context_attention_perf")
+    d = d[(d.attn_dtype == "bfloat16") & (d.kv_cache_dtype == "bfloat16") & (d.head_dim == 128)]
+    if "window_size" in d:
+        d = d[d.window_size == 0]
+    # grouped-query shapes of served models (4-8 query heads per KV head), prompts of 256+ tokens
+    d = d[(d.isl >= 256) & (d.num_heads >= 4) & (d.num_heads // d.num_key_value_heads).isin([4, 8])]
+    b, s, h = d.batch_size.values.astype(float), d.isl.values.astype(float), d.num_heads.values.astype(float)
+    t = d.latency.values / 1e3
+    pairs = b * s * (s + 1) / 2
+
+    def model(p):
+        eff, extra = p
+        return np.maximum((pairs + extra * b * s) * h * 4 * 128 / (peak * eff), floor_us * 1e-6)
+    p, rms = fit(lambda p: np.log(model(p) / t), [0.5, 100], [0.05, 0], [1, 8192])
+    return dict(attention_prefill_efficiency=p[0], attention_prefill_extra_pairs=p[1]), rms
+
+
+def fit_generation_attention(system, bw, floor_us):
+    d = table(system, "attention", "generation_attention_perf")
+    d = d[(d.attn_dtype == "bfloat16") & (d.kv_cache_dtype == "bfloat16") & (d.head_dim == 128)]
+    if "window_size" in d:
+        d = d[d.window_size == 0]
+    # grouped-query shapes of served models, batches up to 512, contexts of 256+ tokens
+    d = d[(d.num_heads >= 4) & (d.num_heads // d.num_key_value_heads).isin([4, 8]) & (d.batch_size <= 512)
+          & ((d.isl + d.step) >= 256)]
+    b = d.batch_size.values.astype(float)
+    ctx = (d.isl + d.step).values.astype(float)
+    kv = d.num_key_value_heads.values.astype(float)
+    t = d.latency.values / 1e3
+    nbytes = b * ctx * kv * 128 * 2 * 2
+
+    def model(p):
+        eff, seq_us, half = p
+        return np.maximum(nbytes / (bw * eff) * (1 + half / (b * kv)) + b * seq_us * 1e-6, floor_us * 1e-6)
+    p, rms = fit(lambda p: np.log(model(p) / t), [0.7, 0.1, 8.0], [0.05, 0, 0], [1, 100, 4096])
+    return dict(attention_decode_efficiency=p[0], attention_decode_seq_us=p[1], attention_decode_half_ctas=p[2]), rms
+
+
+def fit_allreduce(system, link, kind):
+    d = table(system, "comm", "custom_allreduce_perf")
+    # CUDA-graph rows, messages of 64 KB .. 1 GB (bf16 elements): what passes send
+    d = d[d.kernel_source.str.contains("graph") & (d.message_size >= 32768)]
+    tp = d.num_gpus.values.astype(float)
+    nbytes = d.message_size.values.astype(float) * 2          # bf16 elements
+    t = d.latency.values / 1e3
+    ring = 2 * (tp - 1) / tp * nbytes
+    if kind == "pcie":
+        pair = tp <= 2
+
+        def model(p):
+            eff, lat, bridge = p
+            per_gpu = ring / (link * eff)
+            shared = 2 * (tp - 1) * nbytes / bridge
+            return lat * 1e-6 + np.where(pair, per_gpu, shared)
+        p, rms = fit(lambda p: np.log(model(p) / t), [0.6, 10, 15e9], [0.01, 0, 1e8], [1, 500, 1e12])
+        return dict(allreduce_efficiency=p[0], allreduce_latency_us=p[1], allreduce_tp_scaling=0.0,
+                    allreduce_bridge_gbps=p[2] / 1e9), rms
+
+    def model(p):
+        eff, lat, scaling = p
+        return lat * 1e-6 + ring / (link * eff * (tp / 2) ** scaling)
+    p, rms = fit(lambda p: np.log(model(p) / t), [0.6, 10, 0.0], [0.01, 0, -1], [1, 500, 1])
+    return dict(allreduce_efficiency=p[0], allreduce_latency_us=p[1], allreduce_tp_scaling=p[2],
+                allreduce_bridge_gbps=None), rms
+
+
+def derive(system):
+    preset, tflops, hbm, link, kind = SYSTEMS[system]
+    peak, bw, link_bw = tflops * 1e12, hbm * 1e9, link * 1e9
+    out, notes = {}, []
+    g, rms = fit_gemm(system, peak, bw)
+    out.update(g)
+    notes.append(f"gemm rms log error {rms:.3f}")
+    a, rms = fit_context_attention(system, peak, g["kernel_floor_us"])
+    out.update(a)
+    notes.append(f"context attention {rms:.3f}")
+    a, rms = fit_generation_attention(system, bw, g["kernel_floor_us"])
+    out.update(a)
+    notes.append(f"generation attention {rms:.3f}")
+    a, rms = fit_allreduce(system, link_bw, kind)
+    out.update(a)
+    notes.append(f"all-reduce {rms:.3f}")
+    out["attention_prefill_layer_us"] = 0.0   # refined end to end (scripts/refine_pass_model.py)
+    out["elementwise_kernel_us"] = elementwise_constant_us(system)
+    notes.append("elementwise_kernel_us: gpu.mem_empirical_constant_latency of aiconfigurator's "
+                 f"systems/{system}.yaml")
+    out["pass_overhead_us"] = 0.0      # no kernel table: scripts/refine_pass_model.py fits it end to end
+    return preset, out, notes
+
+
+BEGIN = "# >>> pass-model efficiencies (written by scripts/fit_pass_model.py --write)"
+END = "# <<< pass-model efficiencies"
+
+
+def block(system, preset, vals, notes):
+    """The preset's efficiency block, with its provenance."""
+    lines = [BEGIN,
+             f"# Derived from aiconfigurator 0.12.0's measured SGLang kernel tables for {system}",
+             "# (aiconfigurator_core/systems/data/" + system + "/{gemm,attention,comm}/sglang/<newest>/*.parquet),",
+             "# each class fitted to this project's cost formula by least squares on log time.",
+             f"# Fit quality (rms of log(model/measured) over the table): {'; '.join(notes)}."]
+    for k, v in vals.items():
+        lines.append(f"{k}: null" if v is None else f"{k}: {float(f'{v:.3g}')}")
+    lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+def write(preset, text):
+    """Replace (or append) the block in conf/hardware/<preset>.yaml."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf", "hardware", f"{preset}.yaml")
+    with open(path, encoding="utf-8") as fh:
+        old = fh.read()
+    if BEGIN in old:
+        head, rest = old.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1].lstrip("\n")
+        new = head + text + tail
+    else:
+        new = old.rstrip("\n") + "\n" + text
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(new)
+
+
+def main(argv):
+    do_write = "--write" in argv
+    systems = [a for a in argv if not a.startswith("--")] or list(SYSTEMS)
+    for s in systems:
+        preset, vals, notes = derive(s)
+        text = block(s, preset, vals, notes)
+        print(f"# conf/hardware/{preset}.yaml")
+        print(text)
+        if do_write:
+            write(preset, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
