@@ -1,6 +1,6 @@
 """Hold the pass-time model's static-batch TTFT/TPOT against aiconfigurator's, point by point.
 
-    python scripts/aic_compare.py RESULTS.json [--set hardware.field=value ...]
+    python scripts/aic_compare.py RESULTS.json [--before] [--set hardware.field=value ...]
 
 ``RESULTS.json`` is what ``scripts/aic_oracle.py`` wrote for a grid from ``scripts/aic_grid.py``.
 Prints the median and worst ratio (ours / aiconfigurator) per figure and hardware, and the
@@ -35,6 +35,31 @@ def ours(point: Dict, hw_overrides: Tuple[str, ...] = ()) -> Dict[str, float]:
     r = static_batch(m, isl=point["isl"], osl=point["osl"], batch_size=point["batch_size"],
                      prefix=point["prefix"], chunk_tokens=None)
     return {"ttft_ms": r.ttft_s * 1e3, "tpot_ms": r.tpot_s * 1e3}
+
+
+def before(point: Dict) -> Dict[str, float]:
+    """The model this project had before the pass-time model (for the benchmarks table): every
+    request its own prefill pass at bf16_tflops x 0.5 x tp (2 x params FLOPs per token plus
+    causal attention), never faster than reading the weights; no decode model (no TPOT)."""
+    from sglang_hydra.config.compose import compose
+    from sglang_hydra.workload.ttft import HardwareSpec, ModelShape, PrefillTimeline
+    rec, composed = compose([f"model={point['preset']}", f"hardware={point['hardware']}",
+                             f"parallel.tp_size={point['tp']}"])
+    hw = dict(composed.hardware.to_dict(), prefill_efficiency=0.5)
+    tl = PrefillTimeline(HardwareSpec.from_any(hw), ModelShape.from_record(rec), chunk_tokens=None)
+    new = max(1, point["isl"] - point["prefix"])
+    one = tl.pass_seconds(new, point["isl"] - new)
+    return {"ttft_ms": 1e3 * one * point["batch_size"]}
+
+
+def ratios_before(results: List[Dict]) -> List[Dict]:
+    rows = []
+    for p in results:
+        if "error" in p or "ttft_ms" not in p:
+            continue
+        rows.append(dict(point=p, key="ttft_ms", aic=p["ttft_ms"], ours=before(p)["ttft_ms"],
+                         ratio=before(p)["ttft_ms"] / p["ttft_ms"]))
+    return rows
 
 
 def ratios(results: List[Dict], hw_overrides: Tuple[str, ...] = ()) -> List[Dict]:
@@ -85,6 +110,10 @@ def main(argv: List[str]) -> int:
     errors = [p for p in results if "error" in p]
     if errors:
         print(f"{len(errors)} points aiconfigurator refused, e.g. {errors[0]['error']}")
+    if "--before" in argv:
+        print("BEFORE (the single-factor prefill model; it had no TPOT):")
+        report(ratios_before(results), worst=5)
+        return 0
     report(ratios(results, tuple(overrides)), worst=15)
     return 0
 

@@ -20,10 +20,18 @@ is reproducible from the command above:
   ``attention_prefill_extra_pairs`` of ``(pairs + x * tokens) * heads * 4 * head_dim / (peak * e)``;
 * ``generation_attention`` (bf16, head 128, no window): ``attention_decode_efficiency`` and
   ``attention_decode_seq_us`` of ``kv_bytes / (bw * e) + seqs * s``;
-* ``custom_allreduce`` (CUDA-graph rows; message sizes are bf16 elements):
-  ``allreduce_efficiency`` and ``allreduce_latency_us`` of a ring over the preset's link,
-  and, for PCIe cards, ``allreduce_bridge_gbps``: the rate every GPU of a group larger than a
-  pair shares (their traffic crosses the host bridge).
+* ``generation_attention`` also gives ``attention_decode_half_ctas`` (sequences x KV heads at
+  which the read reaches half its rate);
+* ``custom_allreduce`` (CUDA-graph rows, 64 KB-1 GB; message sizes are bf16 elements):
+  ``allreduce_efficiency``, ``allreduce_latency_us`` and ``allreduce_tp_scaling`` of a ring over
+  the preset's link, and, for PCIe cards, ``allreduce_bridge_gbps``: the rate every GPU of a
+  group larger than a pair shares (their traffic crosses the host bridge);
+* ``elementwise_kernel_us``: ``gpu.mem_empirical_constant_latency`` of aiconfigurator's
+  ``systems/<gpu>.yaml``.
+
+``attention_prefill_layer_us`` and ``pass_overhead_us`` are written as 0 here: stage two,
+``scripts/refine_pass_model.py``, fits them (and the decode efficiency) end to end.  Run the
+stages in this order: stage one rewrites the whole block.
 """
 from __future__ import annotations
 
@@ -62,6 +70,13 @@ def table(system: str, op: str, name: str) -> pd.DataFrame:
     return pd.read_parquet(max(paths, key=version))
 
 
+def elementwise_constant_us(system):
+    """The fixed latency aiconfigurator's system file states for memory-bound kernels."""
+    import yaml
+    with open(os.path.join(os.path.dirname(data_dir()), f"{system}.yaml"), encoding="utf-8") as fh:
+        return float(yaml.safe_load(fh)["gpu"]["mem_empirical_constant_latency"]) * 1e6
+
+
 def fit(resid, x0, lo, hi):
     r = least_squares(resid, x0, bounds=(lo, hi))
     return r.x, float(np.sqrt(np.mean(r.fun ** 2)))
@@ -69,7 +84,8 @@ def fit(resid, x0, lo, hi):
 
 def fit_gemm(system, peak, bw):
     d = table(system, "gemm", "gemm_perf")
-    d = d[(d.gemm_dtype == "bfloat16") & (d.n >= 256) & (d.k >= 256) & (d.m <= 32768)]
+    # the shapes a transformer's projections have (K, N >= 1024); M up to 32k tokens
+    d = d[(d.gemm_dtype == "bfloat16") & (d.n >= 1024) & (d.k >= 1024) & (d.m <= 32768)]
     m, n, k = d.m.values.astype(float), d.n.values.astype(float), d.k.values.astype(float)
     t = d.latency.values / 1e3
 
@@ -87,7 +103,8 @@ def fit_context_attention(system, peak, floor_us):
     d = d[(d.attn_dtype == "bfloat16") & (d.kv_cache_dtype == "bfloat16") & (d.head_dim == 128)]
     if "window_size" in d:
         d = d[d.window_size == 0]
-    d = d[d.isl >= 128]
+    # grouped-query shapes of served models (4-8 query heads per KV head), prompts of 256+ tokens
+    d = d[(d.isl >= 256) & (d.num_heads >= 4) & (d.num_heads // d.num_key_value_heads).isin([4, 8])]
     b, s, h = d.batch_size.values.astype(float), d.isl.values.astype(float), d.num_heads.values.astype(float)
     t = d.latency.values / 1e3
     pairs = b * s * (s + 1) / 2
@@ -104,6 +121,9 @@ def fit_generation_attention(system, bw, floor_us):
     d = d[(d.attn_dtype == "bfloat16") & (d.kv_cache_dtype == "bfloat16") & (d.head_dim == 128)]
     if "window_size" in d:
         d = d[d.window_size == 0]
+    # grouped-query shapes of served models, batches up to 512, contexts of 256+ tokens
+    d = d[(d.num_heads >= 4) & (d.num_heads // d.num_key_value_heads).isin([4, 8]) & (d.batch_size <= 512)
+          & ((d.isl + d.step) >= 256)]
     b = d.batch_size.values.astype(float)
     ctx = (d.isl + d.step).values.astype(float)
     kv = d.num_key_value_heads.values.astype(float)
@@ -111,15 +131,16 @@ def fit_generation_attention(system, bw, floor_us):
     nbytes = b * ctx * kv * 128 * 2 * 2
 
     def model(p):
-        eff, seq_us = p
-        return np.maximum(nbytes / (bw * eff) + b * seq_us * 1e-6, floor_us * 1e-6)
-    p, rms = fit(lambda p: np.log(model(p) / t), [0.7, 0.1], [0.05, 0], [1, 100])
-    return dict(attention_decode_efficiency=p[0], attention_decode_seq_us=p[1]), rms
+        eff, seq_us, half = p
+        return np.maximum(nbytes / (bw * eff) * (1 + half / (b * kv)) + b * seq_us * 1e-6, floor_us * 1e-6)
+    p, rms = fit(lambda p: np.log(model(p) / t), [0.7, 0.1, 8.0], [0.05, 0, 0], [1, 100, 4096])
+    return dict(attention_decode_efficiency=p[0], attention_decode_seq_us=p[1], attention_decode_half_ctas=p[2]), rms
 
 
 def fit_allreduce(system, link, kind):
     d = table(system, "comm", "custom_allreduce_perf")
-    d = d[d.kernel_source.str.contains("graph")]
+    # CUDA-graph rows, messages of 64 KB .. 1 GB (bf16 elements): what passes send
+    d = d[d.kernel_source.str.contains("graph") & (d.message_size >= 32768)]
     tp = d.num_gpus.values.astype(float)
     nbytes = d.message_size.values.astype(float) * 2          # bf16 elements
     t = d.latency.values / 1e3
@@ -133,13 +154,15 @@ def fit_allreduce(system, link, kind):
             shared = 2 * (tp - 1) * nbytes / bridge
             return lat * 1e-6 + np.where(pair, per_gpu, shared)
         p, rms = fit(lambda p: np.log(model(p) / t), [0.6, 10, 15e9], [0.01, 0, 1e8], [1, 500, 1e12])
-        return dict(allreduce_efficiency=p[0], allreduce_latency_us=p[1], allreduce_bridge_gbps=p[2] / 1e9), rms
+        return dict(allreduce_efficiency=p[0], allreduce_latency_us=p[1], allreduce_tp_scaling=0.0,
+                    allreduce_bridge_gbps=p[2] / 1e9), rms
 
     def model(p):
-        eff, lat = p
-        return lat * 1e-6 + ring / (link * eff)
-    p, rms = fit(lambda p: np.log(model(p) / t), [0.6, 10], [0.01, 0], [1, 500])
-    return dict(allreduce_efficiency=p[0], allreduce_latency_us=p[1]), rms
+        eff, lat, scaling = p
+        return lat * 1e-6 + ring / (link * eff * (tp / 2) ** scaling)
+    p, rms = fit(lambda p: np.log(model(p) / t), [0.6, 10, 0.0], [0.01, 0, -1], [1, 500, 1])
+    return dict(allreduce_efficiency=p[0], allreduce_latency_us=p[1], allreduce_tp_scaling=p[2],
+                allreduce_bridge_gbps=None), rms
 
 
 def derive(system):
@@ -158,6 +181,11 @@ def derive(system):
     a, rms = fit_allreduce(system, link_bw, kind)
     out.update(a)
     notes.append(f"all-reduce {rms:.3f}")
+    out["attention_prefill_layer_us"] = 0.0   # refined end to end (scripts/refine_pass_model.py)
+    out["elementwise_kernel_us"] = elementwise_constant_us(system)
+    notes.append("elementwise_kernel_us: gpu.mem_empirical_constant_latency of aiconfigurator's "
+                 f"systems/{system}.yaml")
+    out["pass_overhead_us"] = 0.0      # no kernel table: scripts/refine_pass_model.py fits it end to end
     return preset, out, notes
 
 
@@ -173,7 +201,7 @@ def block(system, preset, vals, notes):
              "# each class fitted to this project's cost formula by least squares on log time.",
              f"# Fit quality (rms of log(model/measured) over the table): {'; '.join(notes)}."]
     for k, v in vals.items():
-        lines.append(f"{k}: {float(f'{v:.3g}')}")
+        lines.append(f"{k}: null" if v is None else f"{k}: {float(f'{v:.3g}')}")
     lines.append(END)
     return "\n".join(lines) + "\n"
 

@@ -86,6 +86,10 @@ def _version() -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        from .config.showcase import SHOWCASE, showcase_note
+        print(showcase_note(), file=sys.stderr)
+        argv = list(SHOWCASE)
     if "--version" in argv:
         import hydra
         import omegaconf
@@ -111,6 +115,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_CONFIG
     if hydra_flags or cmd.sweep or cmd.hydra_only:
         cmd.problems += check_choices(cmd)
+        if not cmd.problems and ("-m" in hydra_flags or "--multirun" in hydra_flags):
+            from .jobs.sweeps import objective_problems
+            cmd.problems += objective_problems(cmd)     # before any point runs
         if cmd.problems:
             _print_problems(ConfigError(cmd.problems))
             return EXIT_CONFIG
@@ -280,21 +287,30 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     sys.argv = [saved_argv[0] if saved_argv else "sglang-hydra"] + hydra_flags + hydra_override_list(cmd)
     failures.SWEEP_RUNS.clear()
+    failures.SWEEPS_STARTED.clear()
+    previous_term = _terminate_as_interrupt() if "-m" in hydra_flags or "--multirun" in hydra_flags else None
     try:
         startup.discover_plugins(startup.plugin_packages_needed(cmd.hydra_only, hydra_flags))
         with startup.mode_probe_skipped(startup.mode_is_unset(cmd.hydra_only)):
             app()
+    except failures.SweepDirTaken as exc:
+        _print_problems(exc.error)
+        return EXIT_CONFIG
     except SystemExit as exc:
         return _exit_code(exc)
-    except KeyboardInterrupt:
-        return _interrupted()
+    except KeyboardInterrupt as exc:
+        return _interrupted_sweeps(exc)
     except (HydraException, OmegaConfBaseException) as exc:
         _print_problems(ConfigError([hydra_problem(exc)]))
         return EXIT_CONFIG
     except Exception as exc:
+        _summarise_unfinished_sweeps()    # e.g. the Optuna sweeper failing when no trial completed
         _print_failure(exc)
         return EXIT_FAILED
     finally:
+        if previous_term is not None:
+            import signal
+            signal.signal(signal.SIGTERM, previous_term)
         sys.argv = saved_argv
         if saved_full_error is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
@@ -303,6 +319,57 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
     if "code" in single_run:
         return single_run["code"]
     return _report_sweeps()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the sweep is, so it ends the way Ctrl-C does."""
+
+
+EXIT_TERMINATED = 143    # 128 + SIGTERM
+
+
+def _terminate_as_interrupt():
+    """Make SIGTERM end a sweep like Ctrl-C (its finished points are then summarised);
+    returns the handler it replaced."""
+    import signal
+
+    def handler(signum, frame):
+        raise Terminated()
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _interrupted_sweeps(exc: KeyboardInterrupt) -> int:
+    """An interrupted sweep still leaves its summary, best config and plots of the points
+    that finished (further signals are ignored while they are written)."""
+    import signal
+    from .jobs import failures
+
+    name, code = ("SIGTERM", EXIT_TERMINATED) if isinstance(exc, Terminated) else ("SIGINT", EXIT_INTERRUPTED)
+    unfinished = [d for d in failures.SWEEPS_STARTED if d not in failures.SWEEP_RUNS]
+    if not unfinished:
+        print(f"sglang-hydra: interrupted ({name}); stopped before the job finished", file=sys.stderr)
+        return code
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        print(f"sglang-hydra: interrupted ({name}); summarising the points that finished in "
+              f"{', '.join(map(str, unfinished))}", file=sys.stderr)
+        _summarise_unfinished_sweeps(interrupted=True)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    return code
+
+
+def _summarise_unfinished_sweeps(interrupted: bool = False) -> None:
+    """The summary of every sweep this command started that did not reach its end."""
+    from .jobs import failures
+    from .jobs.summary import write_summary
+
+    for sweep_dir in [d for d in failures.SWEEPS_STARTED if d not in failures.SWEEP_RUNS]:
+        try:
+            write_summary(sweep_dir, report=True, interrupted=interrupted)
+        except Exception as err:  # noqa: BLE001 - still report what ended the sweep
+            print(f"sglang-hydra: could not write the sweep summary in {sweep_dir}: {err}", file=sys.stderr)
 
 
 def _report_sweeps() -> int:

@@ -38,6 +38,10 @@ __all__ = [
     "TLRUPolicy",
     "BeladyPolicy",
     "GhostLRUPolicy",
+    "SpanLRUPolicy",
+    "SGLANG_BUILTIN_POLICIES",
+    "policy_needs_plugin",
+    "policy_runs_in_sglang",
 ]
 
 SHIFT = 40           # bits reserved for the tie-breaking part of packed keys
@@ -351,7 +355,7 @@ class GhostLRUPolicy(EvictionPolicy):
             if len(ghost) > self._ghost_cap:
                 ghost.popitem(last=False)
         if count == 1:
-            self._life += self.ewma * ((self.tree._clock - node.last_access) - self._life)
+            self._life += self.ewma * ((self.tree.now - node.last_access) - self._life)
             self._credit = self.alpha * self._life
 
     def key(self, node):
@@ -362,6 +366,46 @@ class GhostLRUPolicy(EvictionPolicy):
     @property
     def ghost_size(self) -> int:
         return len(self._ghost)
+
+
+class SpanLRUPolicy(EvictionPolicy):
+    """LRU with a credit for proven reuse, computable by the engine from its own node stamps.
+
+    Key = ``(last_access + alpha * (last_access - insert_time), last_access)``: a node
+    read once (``last_access == insert_time``) is plain LRU, a node that kept being read
+    over a span of time survives ``alpha`` times that span longer.  It needs no hooks and
+    no clock unit (seconds on a server, logical ticks in the replay), which is what lets
+    the engine plugin (:mod:`sglang_hydra.cache.sglang_plugin`, where the same key is the
+    strategy's ``get_priority``) give the replay's hits.
+    """
+
+    name = "span_lru"
+    PARAMS = {
+        "alpha": Param(float, 1.0, ">= 0", _non_negative,
+                       "credit per unit of observed reuse span"),
+    }
+
+    def key(self, node):
+        t = node.last_access
+        return (t + self.alpha * (t - node.insert_time), t)
+
+
+# ------------------------------------------------------- what SGLang can run
+#: ``--radix-eviction-policy`` choices of SGLang 0.5.23 itself.
+SGLANG_BUILTIN_POLICIES = ("lru", "lfu", "slru", "priority", "tlru")
+
+
+def policy_needs_plugin(name: str) -> bool:
+    """True when SGLang accepts ``name`` only with sglang-hydra's engine plugin installed
+    (entry point ``sglang.srt.plugins``: ``hydra_eviction_policies``)."""
+    from .sglang_plugin import PLUGIN_POLICIES
+
+    return name in PLUGIN_POLICIES
+
+
+def policy_runs_in_sglang(name: str) -> bool:
+    """True when SGLang 0.5.23 can run ``name``, natively or through the plugin."""
+    return name in SGLANG_BUILTIN_POLICIES or policy_needs_plugin(name)
 
 
 # ------------------------------------------------------------------- registry
@@ -471,3 +515,15 @@ register_eviction_policy("priority", PriorityPolicy)
 register_eviction_policy("tlru", TLRUPolicy)
 register_eviction_policy("belady", BeladyPolicy, replay_only=True)
 register_eviction_policy("ghost_lru", GhostLRUPolicy)
+register_eviction_policy("span_lru", SpanLRUPolicy)
+
+
+def _tell_config_what_sglang_runs() -> None:
+    from sglang_hydra.config.choices import set_engine_policy_support
+
+    from .sglang_plugin import PLUGIN_NAME, PLUGIN_POLICIES
+
+    set_engine_policy_support(SGLANG_BUILTIN_POLICIES, PLUGIN_POLICIES, PLUGIN_NAME)
+
+
+_tell_config_what_sglang_runs()

@@ -23,6 +23,22 @@ Capacity, ``size``, lock accounting and hit lengths are counted in pages.  ``siz
 exceeds ``capacity`` after :meth:`serve` returns unless every evictable leaf is pinned.
 With one page per unit (e.g. page size 512 on a trace) this is exactly the page-granular
 tree of ``replay_rules.md``.
+
+Two *cache semantics* (``semantics=``, the replay's ``job.cache_semantics``):
+
+* ``"rules"``: ``replay_rules.md``.  A unit is the unit of eviction, the clock is the
+  request index, a hit touches the matched units (``last_access``, ``hit_count``).
+* ``"sglang"``: the decisions of SGLang 0.5.23's ``RadixCache`` for the request loop
+  match -> pin -> evict until the new pages fit -> insert -> unpin.  The engine keeps one
+  node per *insert* (the whole new suffix of a prompt) and splits it where a later match
+  ends, so the unit of eviction is that engine node: here a *segment* of units sharing
+  ``seg``, removed all at once.  Stamps follow the engine's update points on a logical
+  clock (:attr:`now`, one tick per ``time.monotonic()`` the engine takes): a match stamps
+  the matched path and the node it splits; an insert stamps the path again and counts
+  one hit on each node of it (the engine counts hits at insert time, not at match time);
+  a node made by a split or an insert gets a fresh access stamp and, one tick later, its
+  creation stamp (``insert_time``), as the engine's node constructor reads the clock twice.  Only :meth:`serve` knows this
+  loop, so the other entry points (``match_prefix``/``insert``) are rules-only.
 """
 from __future__ import annotations
 
@@ -31,6 +47,7 @@ from heapq import heappop, heappush
 from typing import Hashable, Iterator, List, Optional, Sequence, Tuple
 
 __all__ = [
+    "CACHE_SEMANTICS",
     "TreeNode",
     "RadixTree",
     "MatchResult",
@@ -38,6 +55,16 @@ __all__ = [
     "block_page_keys",
     "block_page_weights",
 ]
+
+
+#: ``semantics=`` values of :class:`RadixTree` (and ``job.cache_semantics``).
+CACHE_SEMANTICS = ("rules", "sglang")
+
+
+def check_semantics(semantics: str) -> str:
+    if semantics not in CACHE_SEMANTICS:
+        raise ValueError(f"unknown cache semantics {semantics!r}; allowed: {', '.join(CACHE_SEMANTICS)}")
+    return semantics
 
 
 class TreeNode:
@@ -70,6 +97,8 @@ class TreeNode:
         "insert_time", "priority", "high_water", "next_use", "heap_seq", "weight", "lo", "unit_index",
         # tier state, used by the tiered cache (cache/tiered.py); a plain RadixTree leaves them unset
         "device", "host", "stored", "device_children", "backup_hits", "host_heap_seq",
+        # cache_semantics="sglang": the engine node (segment) this unit belongs to
+        "seg",
     )
 
     def __init__(self, key, parent, depth, clock, weight=1, lo=0, unit_index=0):
@@ -94,6 +123,7 @@ class TreeNode:
         self.weight = weight
         self.lo = lo
         self.unit_index = unit_index
+        self.seg = 0
 
     @property
     def is_leaf(self) -> bool:
@@ -168,9 +198,12 @@ class RadixTree:
         Maximum number of cached pages (``None`` = unbounded).
     policy:
         An :class:`~sglang_hydra.cache.policies.EvictionPolicy` instance (default LRU).
+    semantics:
+        ``"rules"`` (``replay_rules.md``) or ``"sglang"`` (the engine's node-granular
+        decisions; see the module docstring).
     """
 
-    def __init__(self, capacity: Optional[int] = None, policy=None):
+    def __init__(self, capacity: Optional[int] = None, policy=None, semantics: str = "rules"):
         from .policies import BeladyPolicy
 
         if policy is None:
@@ -190,12 +223,25 @@ class RadixTree:
         self._heap: list = []
         self._seq = 0
         self._clock = 0
+        self._init_semantics(semantics)
         # Belady's own on_touch assumes one node per page; the tree stamps next uses per
         # node from the policy's per-unit table instead (identical for weight-1 nodes).
         self._belady = isinstance(policy, BeladyPolicy)
         policy.bind(self)
 
     # ------------------------------------------------------------------ helpers
+    def _init_semantics(self, semantics: str) -> None:
+        self.semantics = check_semantics(semantics)
+        self._engine = semantics == "sglang"
+        self._mono = 0          # the engine's clock (sglang semantics)
+        self._segs = 0          # last segment id handed out
+
+    @property
+    def now(self) -> int:
+        """The time base of ``last_access``: the request index (rules) or the engine's
+        logical clock (sglang).  Policies that age nodes compare against this."""
+        return self._mono if self._engine else self._clock
+
     @property
     def evictable_size(self) -> int:
         return self.size - self.protected_size
@@ -232,6 +278,7 @@ class RadixTree:
         up.high_water = child.high_water
         up.next_use = child.next_use
         up.lock_ref = child.lock_ref
+        up.seg = child.seg
         parent.children[key] = up
         up.children[key] = child
         child.parent = up
@@ -381,42 +428,77 @@ class RadixTree:
 
     def evict(self, num_pages: int) -> int:
         """Evict whole unlocked leaves until at least ``num_pages`` pages are freed (or
-        nothing is evictable); returns the pages evicted (may exceed ``num_pages``)."""
+        nothing is evictable); returns the pages evicted (may exceed ``num_pages``).
+
+        Under sglang semantics a victim is a whole engine node (segment)."""
         if num_pages <= 0:
             return 0
+        evicted = self._evict_leaves(num_pages)
+        self.size -= evicted
+        self.evictions += evicted
+        return evicted
+
+    # The one eviction loop.  Every cache built on this tree (the single-tier replay, the
+    # tiered cache's device tier, both semantics) pops its victims here; what a victim is
+    # and what removing it means are the three hooks below, which the tiered cache
+    # overrides for the device tier.
+    def _evict_leaves(self, num_pages: int) -> int:
+        """Pop the candidate leaf with the smallest key until ``num_pages`` are freed;
+        pinned leaves are held back and returned to the heap afterwards."""
         heap = self._heap
-        root = self.root
-        policy = self.policy
-        on_evict = policy.on_evict if policy.wants_evict_hook else None
-        key_of = policy.key
+        shielded = self._shielded
+        remove = self._remove_victim
+        offer = self._offer_parent
         held = []
-        evicted = 0
-        nodes = 0
-        while evicted < num_pages and heap:
+        freed = 0
+        while freed < num_pages and heap:
             entry = heappop(heap)
             node = entry[2]
-            if node.heap_seq != entry[1] or node.children or node.parent is None:
+            if node.heap_seq != entry[1] or shielded(node):
                 continue
             if node.lock_ref:
                 held.append(entry)
                 continue
-            parent = node.parent
-            del parent.children[node.key]
-            node.parent = None
-            evicted += node.weight
-            nodes += 1
-            if on_evict is not None:
-                on_evict(node)
-            if not parent.children and parent is not root:
-                self._seq += 1
-                parent.heap_seq = self._seq
-                heappush(heap, (key_of(parent), self._seq, parent))
+            pages, parent = remove(node)
+            freed += pages
+            offer(parent)
         for entry in held:
             heappush(heap, entry)
-        self.size -= evicted
-        self.evictions += evicted
-        self.evicted_nodes += nodes
-        return evicted
+        return freed
+
+    def _shielded(self, node) -> bool:
+        """Not a candidate any more: it has a cached child, or it was evicted."""
+        return bool(node.children) or node.parent is None
+
+    def _offer_parent(self, parent) -> None:
+        """A victim's parent that is now a leaf becomes a candidate."""
+        if not parent.children and parent is not self.root:
+            self._push(parent)
+
+    def _remove_victim(self, node):
+        """Remove ``node`` (rules) or its whole engine node (sglang); returns
+        ``(pages freed, the parent to offer)``."""
+        on_evict = self.policy.on_evict if self.policy.wants_evict_hook else None
+        top = node
+        if self._engine:
+            seg = node.seg
+            root = self.root
+            while top.parent is not root and top.parent.seg == seg:
+                top = top.parent
+        parent = top.parent
+        del parent.children[top.key]
+        pages = 0
+        n = node
+        while True:
+            pages += n.weight
+            self.evicted_nodes += 1
+            up = n.parent
+            n.parent = None
+            if on_evict is not None:
+                on_evict(n)
+            if n is top:
+                return pages, parent
+            n = up
 
     def serve(self, page_keys: Sequence[Hashable], clock=None, priority: int = 0,
               weights: Optional[Sequence[int]] = None) -> int:
@@ -429,6 +511,8 @@ class RadixTree:
         if weights is not None:
             weights = _check_weights(page_keys, weights)
         clock = self._tick(clock)
+        if self._engine:
+            return self._serve_engine(page_keys, weights, priority)
         k, node, u, lo = self._walk(page_keys, weights, clock, True)
         policy = self.policy
         if priority:
@@ -448,6 +532,91 @@ class RadixTree:
             node.lock_ref += 1
             self.evict(self.size - cap)
             node.lock_ref -= 1
+        return k
+
+    # ------------------------------------------------------- sglang semantics
+    def _stamp(self) -> int:
+        self._mono += 1
+        return self._mono
+
+    @staticmethod
+    def _seg_child(node):
+        """The child that continues ``node``'s segment (an engine node's interior has
+        exactly one child), or None when ``node`` ends its segment."""
+        seg = node.seg
+        for child in node.children.values():
+            if child.seg == seg:
+                return child
+        return None
+
+    def _serve_engine(self, keys, weights, priority) -> int:
+        """One request as SGLang's RadixCache serves it (see the module docstring)."""
+        root = self.root
+        policy = self.policy
+        # ---- match_prefix: stamp the matched path; split the engine node it ends in
+        t = self._stamp()
+        k, last, u, lo = self._walk(keys, weights, t, False)
+        node = last
+        while node is not root:
+            node.last_access = t
+            node = node.parent
+        if last is not root:
+            below = self._seg_child(last)
+            if below is not None:
+                # the engine stamps the node before splitting it: its lower part (the old
+                # node object) keeps this stamp, the upper part is a new node
+                while True:
+                    below.last_access = t
+                    nxt = self._seg_child(below)
+                    if nxt is None:
+                        break
+                    below = nxt
+                if not below.children:
+                    self._push(below)
+                fresh = self._stamp()
+                created = self._stamp()
+                self._segs += 1
+                seg, old = self._segs, last.seg
+                node = last
+                while node is not root and node.seg == old:
+                    node.seg = seg
+                    node.last_access = fresh
+                    node.insert_time = created
+                    node = node.parent
+        # ---- pin the match, evict until the new pages fit
+        last.lock_ref += 1
+        total = len(keys) if weights is None else sum(weights)
+        cap = self.capacity
+        if cap is not None:
+            need = self.size + (total - k) - cap
+            if need > 0:
+                self.evict(need)
+        # ---- insert: stamp the path again, one hit per node, priority upwards
+        t = self._stamp()
+        node = last
+        while node is not root:
+            node.last_access = t
+            node.hit_count += 1
+            if priority > node.priority:
+                node.priority = priority
+            node = node.parent
+        end = last
+        if u < len(keys):
+            fresh = self._stamp()
+            created = self._stamp()
+            end = self._grow(last, keys, weights, u, lo, fresh, priority)
+            self._segs += 1
+            seg = self._segs
+            node = end
+            while node is not last:
+                node.seg = seg
+                node.insert_time = created
+                node = node.parent
+        if policy.wants_touch:
+            self._touch(keys, k, self._clock, end)
+        if end is not root and not end.children:
+            self._push(end)
+        last.lock_ref -= 1
         return k
 
     def _raise_priority(self, node, priority):

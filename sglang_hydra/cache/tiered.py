@@ -229,7 +229,7 @@ class TieredCache(RadixTree):
                  load_back_threshold: int = 10,
                  retry_poll_interval: int = DEFAULT_RETRY_POLL_INTERVAL,
                  retry_max_attempts: int = DEFAULT_RETRY_MAX_ATTEMPTS,
-                 storage_read_bytes_per_s: Optional[float] = None):
+                 storage_read_bytes_per_s: Optional[float] = None, semantics: str = "rules"):
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"Invalid write policy: {write_policy!r}; allowed: {', '.join(WRITE_POLICIES)}")
         if prefetch_policy not in PREFETCH_POLICIES:
@@ -283,6 +283,10 @@ class TieredCache(RadixTree):
         self._heap = []
         self._seq = 0
         self._clock = 0
+        self._init_semantics(semantics)
+        if self._engine and self.hierarchical:
+            raise ValueError("cache_semantics=sglang models the engine's device radix cache only; "
+                             "use cache_semantics=rules with a host tier (HiCache)")
         self._belady = isinstance(policy, BeladyPolicy)
         policy.bind(self)
 
@@ -452,69 +456,71 @@ class TieredCache(RadixTree):
 
     # ------------------------------------------------------------------ evictions
     def evict_device(self, num_pages: int) -> int:
-        """Free at least ``num_pages`` device pages (whole device leaves); returns pages freed."""
+        """Free at least ``num_pages`` device pages (whole device leaves); returns pages freed.
+
+        The victims come from the tree's one eviction loop (:meth:`RadixTree._evict_leaves`);
+        the hooks below say what a device leaf is and what evicting it does."""
         if num_pages <= 0:
             return 0
-        heap = self._heap
-        root = self.root
+        if self._engine:
+            return self.evict(num_pages)
+        self._dropped_nodes = self._dropped_pages = self._demoted_pages = 0
+        freed = self._evict_leaves(num_pages)
         counts = self.counts
-        mover = self.mover
-        on_evict = self.policy.on_evict if self.policy.wants_evict_hook else None
-        backup_on_evict = self.is_write_back and self.hierarchical
-        free_device = mover.free_device
-        plain_drops = plain_dropped = demoted = 0
-        dups = self._duplicates if self.is_write_back else None
-        held = []
-        freed = 0
-        while freed < num_pages and heap:
-            entry = heappop(heap)
-            node = entry[2]
-            # an entry is current while its seq is the node's: freeing the device copy resets
-            # heap_seq, so only "has a device child now" is left to check
-            if node.heap_seq != entry[1] or node.device_children:
-                continue
-            if node.lock_ref:
-                held.append(entry)
-                continue
-            parent = node.parent
-            w = node.weight
-            if node.host is None and backup_on_evict:
-                self._backup([node])
-            if node.host is not None:           # demote: the host copy stays
-                free_device(node.device)
-                node.device = None
-                node.heap_seq = -1
-                parent.device_children -= 1
-                demoted += w
-                if dups is not None:
-                    dups.discard(node)
-                if not node.children:
-                    self._push_host(node)
-            elif not node.children:             # plain drop, the single-tier case: kept short
-                free_device(node.device)
-                node.device = None
-                node.heap_seq = -1
-                parent.device_children -= 1
-                del parent.children[node.key]
-                node.parent = None
-                plain_drops += 1
-                plain_dropped += w
-                if on_evict is not None:
-                    on_evict(node)
-            else:
-                self._drop_subtree(node)
-            freed += w
-            if parent is not root and parent.device_children == 0 and parent.device is not None:
-                self._push(parent)
-        for entry in held:
-            heappush(heap, entry)
-        self.device_used -= plain_dropped + demoted
-        counts["device_demoted_pages"] += demoted
-        self.evicted_nodes += plain_drops
-        counts["device_dropped_pages"] += plain_dropped
+        self.device_used -= self._dropped_pages + self._demoted_pages
+        counts["device_demoted_pages"] += self._demoted_pages
+        self.evicted_nodes += self._dropped_nodes
+        counts["device_dropped_pages"] += self._dropped_pages
         counts["device_evicted_pages"] += freed
         self.evictions += freed
         return freed
+
+    def _shielded(self, node) -> bool:
+        # an entry is current while its seq is the node's: freeing the device copy resets
+        # heap_seq, so only "has a device child now" is left to check
+        if self._engine:
+            return RadixTree._shielded(self, node)
+        return node.device_children > 0
+
+    def _offer_parent(self, parent) -> None:
+        if self._engine:
+            return RadixTree._offer_parent(self, parent)
+        if parent is not self.root and parent.device_children == 0 and parent.device is not None:
+            self._push(parent)
+
+    def _remove_victim(self, node):
+        """Demote a backed-up device leaf (its host copy stays), else drop it (with its
+        host-only subtree); ``write_back`` first tries to back it up."""
+        if self._engine:
+            return RadixTree._remove_victim(self, node)
+        parent = node.parent
+        w = node.weight
+        if node.host is None and self.is_write_back and self.hierarchical:
+            self._backup([node])
+        if node.host is not None:           # demote: the host copy stays
+            self.mover.free_device(node.device)
+            node.device = None
+            node.heap_seq = -1
+            parent.device_children -= 1
+            self._demoted_pages += w
+            if self.is_write_back:
+                self._duplicates.discard(node)
+            if not node.children:
+                self._push_host(node)
+        elif not node.children:             # plain drop, the single-tier case: kept short
+            self.mover.free_device(node.device)
+            node.device = None
+            node.heap_seq = -1
+            parent.device_children -= 1
+            del parent.children[node.key]
+            node.parent = None
+            self._dropped_nodes += 1
+            self._dropped_pages += w
+            if self.policy.wants_evict_hook:
+                self.policy.on_evict(node)
+        else:
+            self._drop_subtree(node)
+        return w, parent
 
     def evict_host(self, num_pages: int) -> int:
         """Free at least ``num_pages`` host pages; returns pages freed."""
@@ -774,6 +780,13 @@ class TieredCache(RadixTree):
         root = self.root
         adm = Admission(len(keys) if weights is None else (
             w.page_starts[-1] if w.page_starts is not None else sum(weights)))
+        if self._engine:
+            # one tier, the engine's own request loop and node-granular eviction (radix.py)
+            adm.device_pages = self._serve_engine(keys, weights, priority)
+            counts["device_hit_pages"] += adm.device_pages
+            counts["miss_pages"] += adm.lookup_pages - adm.hit_pages
+            self.device_used = self.size
+            return adm
         k, last, u, lo = self._walk(keys, weights, clock, True)
         locked: List[TreeNode] = []
         staged: List[TreeNode] = []
@@ -963,6 +976,10 @@ class TieredCache(RadixTree):
         return "+".join(t) or "none"
 
     def check_invariants(self) -> None:
+        if self._engine:        # one tier, the tree's own bookkeeping (no page handles)
+            RadixTree.check_invariants(self)
+            assert self.device_used == self.size, "device pages != tree pages"
+            return
         dev = host = 0
         for n in self.iter_nodes():
             assert n.parent.children.get(n.key) is n, "parent link broken"

@@ -54,3 +54,17 @@ def add_hicache_storage_backend_choices(*names: str) -> None:
 
 # sglang-hydra's own transfer backend: pure-Python ZMQ, for machines without Mooncake.
 add_disagg_transfer_backend_choices("zmq")
+
+
+# Which eviction policies SGLang itself can run (issue 20).  The cache layer fills this in at
+# import (``cache.policies``): the engine's own choices, and those our engine plugin adds.
+_ENGINE_POLICIES = {"builtin": (), "plugin": (), "plugin_name": ""}
+
+
+def set_engine_policy_support(builtin: Iterable[str], plugin: Iterable[str], plugin_name: str) -> None:
+    _ENGINE_POLICIES.update(builtin=tuple(builtin), plugin=tuple(plugin), plugin_name=plugin_name)
+
+
+def engine_policy_support() -> dict:
+    """``{"builtin": names, "plugin": names, "plugin_name": entry-point name}``."""
+    return dict(_ENGINE_POLICIES)

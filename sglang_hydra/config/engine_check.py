@@ -119,10 +119,43 @@ def verdict_problem(message: str, version: str) -> Problem:
     return Problem("", None, f"SGLang {version} rejects this configuration: {message}", "engine")
 
 
+_PLUGIN_PROBE = ("import importlib.metadata as m, sys; "
+                 "sys.exit(0 if any(e.name == sys.argv[1] for e in m.entry_points(group='sglang.srt.plugins')) else 3)")
+
+
+def eviction_policy_problems(record, python: Optional[str] = None) -> List[Problem]:
+    """The record's eviction policy as SGLang sees it: built in, ours through the engine plugin
+    (which ``python`` must have; issue 20), or one SGLang cannot run at all."""
+    from .choices import engine_policy_support
+    name = getattr(record, "radix_eviction_policy", None)
+    support = engine_policy_support()
+    if not name or name in support["builtin"] or not support["builtin"]:
+        return []
+    key, flag = "memory.radix_eviction_policy", "--radix-eviction-policy"
+    python = python or sys.executable
+    if name in support["plugin"]:
+        try:
+            ok = subprocess.run([python, "-c", _PLUGIN_PROBE, support["plugin_name"]], capture_output=True,
+                                stdin=subprocess.DEVNULL, timeout=120).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            ok = False
+        if ok:
+            return []
+        return [Problem(key, flag, f"{name!r} runs in SGLang only through sglang-hydra's engine plugin "
+                        f"(entry point {support['plugin_name']!r}), which {python} does not have; install it "
+                        f"there: {python} -m pip install --no-deps sglang-hydra (or set job.python)", "engine")]
+    runnable = ", ".join(support["builtin"] + support["plugin"])
+    return [Problem(key, flag, f"{name!r} is a replay-only policy: SGLang cannot run it, even with sglang-hydra's "
+                    f"engine plugin; allowed for a server: {runnable}", "engine")]
+
+
 def check_with_engine(record, python: Optional[str] = None, *, drift_check: bool = True) -> Tuple[List[Problem], List[str]]:
     """(problems, notes): the engine's verdict on ``record`` and what it noticed on the way."""
     from .drift import drift
     python = python or sys.executable
+    policy_problems = eviction_policy_problems(record, python)
+    if policy_problems:
+        return policy_problems, []
     caveat = stand_in_caveat(record)
     with tempfile.TemporaryDirectory(prefix="sglang-hydra-check-") as tmp:
         argv, notes = engine_argv(record, model_dir_for(record, Path(tmp) / "model"))

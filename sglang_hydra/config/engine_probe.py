@@ -173,6 +173,13 @@ def _input_namespaces():
 def verdict(argv):
     from sglang.srt.server_args import prepare_server_args
     try:
+        # as sglang.launch_server does before parsing: plugins may add choices (our eviction policies)
+        from sglang.srt.plugins import load_plugins
+        with contextlib.redirect_stderr(io.StringIO()):
+            load_plugins()
+    except ImportError:
+        pass
+    try:
         with contextlib.redirect_stderr(io.StringIO()) as err:
             args = prepare_server_args(list(argv))
             args.resolve_once()

@@ -49,17 +49,29 @@ class Hardware:
         "attention kernel's tiles along the diagonal and its start-up, which short prompts feel.", ge=0.0)
     attention_decode_seq_us: float = arg(
         0.0, "Microseconds decode attention spends per sequence beyond reading its KV.", ge=0.0)
+    attention_prefill_layer_us: float = arg(
+        0.0, "Fixed microseconds per layer of a pass with prefill attention (the attention block's launch, "
+        "rotary embedding and KV-cache write beyond the kernel's FLOPs).", ge=0.0)
+    attention_decode_half_ctas: float = arg(
+        0.0, "Decode attention: sequences x KV heads per GPU at which the KV read reaches half of "
+        "attention_decode_efficiency (small batches leave the GPU's multiprocessors idle).", ge=0.0)
     attention_decode_efficiency: float = arg(
         0.6, "Share of hbm_bandwidth_gbps decode attention reaches reading the KV cache.", gt=0.0, le=1.0)
     allreduce_efficiency: float = arg(
         0.6, "Share of the tensor-parallel link bandwidth a large all-reduce reaches.", gt=0.0, le=1.0)
     allreduce_latency_us: float = arg(
         10.0, "Fixed microseconds of one all-reduce (launch and synchronisation).", ge=0.0)
+    allreduce_tp_scaling: float = arg(
+        0.0, "How an all-reduce's per-GPU rate grows with the group: x (tp/2)^scaling (NVSwitch "
+        "multicast makes larger groups faster; 0: flat).", ge=-2.0, le=2.0)
     allreduce_bridge_gbps: Optional[float] = arg(
         None, "PCIe cards: the rate, GB/s, that all GPUs of a tensor-parallel group larger than a pair "
         "share (their all-reduce traffic crosses the host bridge); null: every GPU has its own link.", gt=0.0)
     kernel_floor_us: float = arg(
         3.0, "Shortest time any one kernel takes, microseconds (launch and tail effects).", ge=0.0)
+    elementwise_kernel_us: float = arg(
+        3.0, "Fixed microseconds of one element-wise kernel (norm, activation) beyond its memory traffic.",
+        ge=0.0)
     pass_overhead_us: float = arg(
         0.0, "Fixed microseconds per forward pass beyond its kernels (scheduling, sampling).", ge=0.0)
     tp_link: str = arg(

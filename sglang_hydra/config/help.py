@@ -1,10 +1,13 @@
 """``--help``: every field with its Hydra key, legacy flag, default and purpose."""
 from __future__ import annotations
 
+import io
+import re
 import textwrap
-from typing import List
+from typing import Any, Dict, List
 
 from .coerce import allowed_choices
+from .showcase import showcase_help_lines
 from .fields import NAMESPACES
 from .record import fields_of_namespace
 from .spec import flags_of, has_flag
@@ -57,7 +60,16 @@ JOB_FIELD_HELP = {
     "pages_per_request": "KV pages moved per request.",
     "timeout": "Seconds before the whole exchange is given up.",
     "idle_timeout": "Prefill side: stop after this many idle seconds.",
-    "objective": "The metric this job returns to an optimising sweeper (Optuna).",
+    "objective": "The metric a sweep optimises: Optuna minimises or maximises it, and the sweep summary "
+                 "picks best_config.yaml by it (never a saturated point while an unsaturated one exists). "
+                 "Latency and throughput objectives need a hardware preset with timing figures.",
+    "repeats": "How many times each measurement is repeated (the median is kept).",
+    "server_module": "The Python module that starts one server (run as python -m MODULE).",
+    "router_module": "The Python module that starts the router in front of several servers.",
+    "search.modes": "Deployment kinds to enumerate: agg (aggregated servers, replicas x TP) and disagg "
+                    "(prefill and decode workers, TP per side).",
+    "search.router_policies": "sglang-router policies to try in front of several servers (random, round_robin, "
+                              "cache_aware, power_of_two).",
     "pd_pair.requests": "How many requests to transfer.",
     "pd_pair.verify": "Check that every transferred page arrived intact.",
     # job=deploy_search
@@ -88,35 +100,98 @@ JOB_FIELD_HELP = {
 }
 
 
-def job_help_lines() -> List[str]:
-    """Every job (``job=<name>``) with each of its ``job.*`` settings, default and choices."""
+def field_comments(cls: type) -> Dict[str, str]:
+    """Each field's comment in ``cls``'s source: the ``# ...`` at the end of its line (or of
+    the last line of a multi-line default), else the comment lines just above it.  This is
+    how job settings are documented where they are declared, so a new setting has its help
+    the moment it is written."""
+    import ast
+    import inspect
+    import tokenize
+
+    try:
+        src = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    comments: Dict[int, str] = {}
+    own_line: Dict[int, bool] = {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+            if tok.type == tokenize.COMMENT:
+                comments[tok.start[0]] = tok.string.lstrip("#").strip()
+                own_line[tok.start[0]] = not tok.line[:tok.start[1]].strip()
+        tree = ast.parse(src)
+    except (SyntaxError, tokenize.TokenError):
+        return {}
+    out: Dict[str, str] = {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    for node in body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        end = getattr(node, "end_lineno", node.lineno)
+        text = next((comments[ln] for ln in range(node.lineno, end + 1) if ln in comments and not own_line[ln]), "")
+        if not text:
+            above, ln = [], node.lineno - 1
+            while ln in comments and own_line[ln]:
+                above.insert(0, comments[ln])
+                ln -= 1
+            text = " ".join(above)
+        if text:
+            out[node.target.id] = text
+    return out
+
+
+def _default_of(f) -> Any:
+    import dataclasses
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def job_field_lines(job: str, cls: type, choices, prefix: str = "") -> List[str]:
+    """``job.<key>=default`` and its description for every field of ``cls``; a field that is
+    itself a dataclass (``job.sla``) lists its own fields as ``job.sla.<key>``."""
     import dataclasses
 
+    lines: List[str] = []
+    comments = field_comments(cls)
+    for f in dataclasses.fields(cls):
+        if f.name == "name" and not prefix:
+            continue
+        key = f"{prefix}{f.name}"
+        default = _default_of(f)
+        if dataclasses.is_dataclass(default):
+            head = comments.get(f.name) or (type(default).__doc__ or "").strip().split("\n")[0]
+            lines.append(f"  job.{key}.*: {head}".rstrip(": "))
+            lines += job_field_lines(job, type(default), {}, prefix=f"{key}.")
+            continue
+        comment = comments.get(f.name, "")
+        if re.fullmatch(r"[\w.-]+( \| [\w.-]+)+\.?", comment) and JOB_FIELD_HELP.get(key):
+            comment = ""      # a bare list of values: the shared sentence says more
+        text = (JOB_FIELD_HELP.get(f"{job}.{key}") or f.metadata.get("help") or comment
+                or JOB_FIELD_HELP.get(key) or "").strip()
+        first = re.split(r"[\s|(]", text, maxsplit=1)[0] if text else ""
+        if text and first not in map(str, choices.get(key, ())):
+            text = text[0].upper() + text[1:]
+        if text and not text.endswith("."):
+            text += "."
+        if key in choices:
+            text += f" Choices: {', '.join(map(str, choices[key]))}."
+        lines.append(f"  job.{key}={default!r}")
+        if text.strip():
+            lines += textwrap.wrap(text.strip(), width=96, initial_indent="      ", subsequent_indent="      ")
+    return lines
+
+
+def job_help_lines() -> List[str]:
+    """Every job (``job=<name>``) with each of its ``job.*`` settings, default and choices."""
     from .registry import job_schemas
 
     lines: List[str] = []
     for name, spec in sorted(job_schemas().items()):
         doc = (spec.config_cls.__doc__ or "").strip().splitlines()
         lines.append(f"job={name}: {doc[0] if doc else ''}")
-        for f in dataclasses.fields(spec.config_cls):
-            if f.name == "name":
-                continue
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            text = JOB_FIELD_HELP.get(f"{name}.{f.name}", JOB_FIELD_HELP.get(f.name, ""))
-            if f.name in spec.choices:
-                text += f" Choices: {', '.join(map(str, spec.choices[f.name]))}."
-            if dataclasses.is_dataclass(default):      # a group of settings: job.sla.ttft_ms ...
-                for sub in dataclasses.fields(default):
-                    sub_default = getattr(default, sub.name)
-                    lines.append(f"  job.{f.name}.{sub.name}={sub_default!r}")
-                    sub_text = JOB_FIELD_HELP.get(f"{name}.{f.name}.{sub.name}", JOB_FIELD_HELP.get(f"{f.name}.{sub.name}", ""))
-                    if sub_text.strip():
-                        lines += textwrap.wrap(sub_text.strip(), width=96, initial_indent="      ",
-                                               subsequent_indent="      ")
-                continue
-            lines.append(f"  job.{f.name}={default!r}")
-            if text.strip():
-                lines += textwrap.wrap(text.strip(), width=96, initial_indent="      ", subsequent_indent="      ")
+        lines += job_field_lines(name, spec.config_cls, spec.choices)
         lines.append("")
     return lines
 
@@ -158,6 +233,7 @@ def help_page() -> str:
         HEADER,
         "Settings are Hydra overrides (key=value, group=option) or the reference engine's",
         "flags; both may be mixed and the last occurrence of a setting wins.",
+        *showcase_help_lines(),
         "",
         "== Config groups ==", *config_group_lines(), "",
         "== Jobs: job=<name>, then job.<key>=value ==", *job_help_lines(),

@@ -48,13 +48,19 @@ RULE_TITLES: Dict[str, str] = {
 }
 
 
+def rule_title(fn: Callable) -> str:
+    """A rule's explanation: the whole first paragraph of its docstring on one line (a
+    docstring's first line may end mid-sentence), else its function name in words."""
+    import inspect
+    paragraph = inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0]
+    return " ".join(paragraph.split()).rstrip(".") or fn.__name__.replace("_", " ")
+
+
 def rule(step: float, rule_id: str):
     """Register a resolution rule to run at ``step`` (lower runs first)."""
     def deco(fn):
         if rule_id not in SOURCE_TITLES:
-            doc = (fn.__doc__ or "").strip().splitlines()
-            SOURCE_TITLES[rule_id] = RULE_TITLES.get(rule_id) or \
-                (doc[0].rstrip(".") if doc else fn.__name__.replace("_", " "))
+            SOURCE_TITLES[rule_id] = RULE_TITLES.get(rule_id) or rule_title(fn)
         RULES.append(Rule(step, rule_id, fn))
         RULES.sort(key=lambda r: r.step)
         return fn

@@ -266,7 +266,7 @@ def run(record, job: dict, ctx: JobContext) -> Dict[str, Any]:
     factors.update(got)
     decode = measure_decode_attention(torch, device, dtype, shape, GPU_DECODE_SHAPES if gpu else CPU_DECODE_SHAPES,
                                       repeats)
-    got, decode_rms = perf_fit.fit_decode_attention(decode, bw, floor)
+    got, decode_rms = perf_fit.fit_decode_attention(decode, bw, floor, shape.kv_heads)
     factors.update(got)
     fit = {"gemm": {"samples": len(gemms), "rms_log_error": gemm_rms},
            "attention_prefill": {"samples": len(prefill), "rms_log_error": prefill_rms},

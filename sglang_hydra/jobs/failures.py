@@ -9,16 +9,41 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from hydra.experimental.callback import Callback
 
+from ..config.errors import ConfigError, Problem
 from .context import atomic_write
 
 ERROR_FILE = "error.json"
 
 # Sweep directories of the multiruns this process launched (read by the CLI afterwards).
 SWEEP_RUNS: List[Path] = []
+# ... and of those it started (an interrupted sweep is summarised from here).
+SWEEPS_STARTED: List[Path] = []
+
+
+class SweepDirTaken(BaseException):
+    """The sweep directory already holds another sweep.  A BaseException because Hydra turns
+    an Exception raised by a callback into a warning and runs the sweep anyway."""
+
+    def __init__(self, error: ConfigError):
+        super().__init__(error.render())
+        self.error = error
+
+
+def earlier_sweep_in(sweep_dir: Path) -> Optional[str]:
+    """What an earlier sweep left in ``sweep_dir`` (None: absent or empty of sweep outputs)."""
+    root = Path(sweep_dir)
+    if not root.is_dir():
+        return None
+    found = [name for name in ("multirun.yaml", "summary.csv", "optimization_results.yaml") if (root / name).exists()]
+    jobs = [d for d in _job_dirs(root) if (d / ".hydra").is_dir() or (d / "metrics.json").is_file()
+            or (d / ERROR_FILE).is_file()]
+    if jobs:
+        found.append(f"{len(jobs)} job director{'y' if len(jobs) == 1 else 'ies'}")
+    return ", ".join(found) or None
 
 
 def write_error(job_dir: Path, overrides: Sequence[str], message: str, exit_code: int) -> Path:
@@ -77,12 +102,19 @@ def collect_errors(sweep_dir: Path) -> List[Dict[str, Any]]:
 
 
 class SweepFailures(Callback):
-    """Remembers the sweep directory and removes verdicts left there by an earlier sweep."""
+    """Refuses a sweep directory another sweep already wrote to (two sweeps' points would be
+    mixed in one summary), and remembers the directory for the CLI's report."""
 
     def on_multirun_start(self, config, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        for d in _job_dirs(sweep_dir):
-            clear_error(d)
+        found = earlier_sweep_in(sweep_dir)
+        if found:
+            raise SweepDirTaken(ConfigError([Problem(
+                "hydra.sweep.dir", None,
+                f"{sweep_dir} already holds a sweep ({found}); sweeps are not merged into one directory: pick "
+                f"another with hydra.sweep.dir=<new directory> (without it every command gets a new "
+                f"multirun/<date>/<time>), or remove {sweep_dir} first", "override")]))
+        SWEEPS_STARTED.append(sweep_dir)
 
     def on_multirun_end(self, config, **kwargs: Any) -> None:
         SWEEP_RUNS.append(Path(str(config.hydra.sweep.dir)))

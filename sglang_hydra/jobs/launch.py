@@ -82,7 +82,7 @@ def run(record, job: dict, ctx: JobContext) -> int:
             print(f"# {c.role} (health: {c.health_url})")
             print(shlex.join(c.command))
         if (job.get("server_module") or "sglang.launch_server") == "sglang.launch_server":
-            for p in _checkpoint_problems(dep):   # said now, not first when the real launch refuses
+            for p in _checkpoint_problems(dep) + _policy_problems(dep, job):   # said now, not first when the real launch refuses
                 print(f"sglang-hydra: note: {p.key}: {p.message}", file=sys.stderr)
         return 0
     _preflight(dep, job)
@@ -98,6 +98,7 @@ def _preflight(dep: Deployment, job: dict) -> None:
     problems += _module_problems("job.python", python, server_module, _SERVER_FIX)
     if server_module == "sglang.launch_server":
         problems += _checkpoint_problems(dep)
+        problems += _policy_problems(dep, job)
     server_python_broken = any(p.key == "job.python" and "not an executable" in p.message for p in problems)
     if dep.router is not None and (job.get("router_python") or not server_python_broken):
         # the router may live in its own environment: job.router_python is the setting to change
@@ -178,6 +179,19 @@ def _checkpoint_problems(dep: Deployment) -> List[Problem]:
                     f"cannot load it; pass --model-path <Hugging Face id or checkpoint directory>, or select a "
                     f"model preset that names one (model={'|'.join(real)})", "launch")
             for s in dep.servers if s.record.model_path in geometry_only and not s.index]
+
+
+def _policy_problems(dep: Deployment, job: dict) -> List[Problem]:
+    """The servers' eviction policy must be one SGLang runs (ours need the engine plugin in job.python)."""
+    from ..config.engine_check import eviction_policy_problems
+    python = job.get("python") or sys.executable
+    seen, out = set(), []
+    for s in dep.servers:
+        for p in eviction_policy_problems(s.record, python):
+            if p.message not in seen:
+                seen.add(p.message)
+                out.append(p)
+    return out
 
 
 def _module_problems(key: str, python: str, module: str, fix: str) -> List[Problem]:

@@ -159,15 +159,8 @@ class DeploySearchJob:
     output_dir: Optional[str] = None     # where the outputs go (unset: outputs/<date>/<time>/)
 
 
-#: what job.objective may name (a leaf of metrics.json), and which way is better
-OBJECTIVES: Dict[str, str] = {
-    "ttft_p50_ms": "minimize", "ttft_p90_ms": "minimize", "ttft_p99_ms": "minimize", "ttft_mean_ms": "minimize",
-    "tpot_p50_ms": "minimize", "tpot_p90_ms": "minimize", "tpot_p99_ms": "minimize",
-    "itl_p90_ms": "minimize", "e2e_p50_ms": "minimize", "e2e_p90_ms": "minimize", "e2e_p99_ms": "minimize",
-    "transfer_p90_ms": "minimize",
-    "tokens_per_s_per_gpu": "maximize", "tokens_per_s_per_user": "maximize", "goodput_rps_per_gpu": "maximize",
-    "requests_per_s": "maximize", "token_hit_rate": "maximize", "host_memory_gb": "minimize",
-}
+#: what job.objective may name, and which way is better (one table: config/objectives.py)
+from ..config.objectives import OBJECTIVES  # noqa: E402
 
 
 @dataclass

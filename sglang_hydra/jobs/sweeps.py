@@ -16,10 +16,13 @@ it (:func:`sglang_hydra.jobs.summary.mark_failed_trial`), whatever produced the 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, List, Optional
 
-from .specs import OBJECTIVES
+from ..config.errors import Problem
+
+from ..config.objectives import objective_direction as _direction
 
 RESOLVER = "sglang_objective_direction"
 DEFAULT_OBJECTIVE = "ttft_p90_ms"
@@ -29,10 +32,7 @@ def objective_direction(objective: Optional[str]) -> str:
     """minimize / maximize for ``job.objective`` (unset or a job without objectives: minimize)."""
     if objective is None or objective == "":
         objective = DEFAULT_OBJECTIVE
-    try:
-        return OBJECTIVES[str(objective)]
-    except KeyError:
-        raise ValueError(f"unknown job.objective {objective!r}; allowed: {', '.join(OBJECTIVES)}") from None
+    return _direction(str(objective))
 
 
 def register_sweeper_defaults(cs=None) -> bool:
@@ -73,3 +73,71 @@ def under_optuna() -> bool:
     except Exception:  # noqa: BLE001 - outside Hydra's runtime there is no sweeper
         return False
     return "optuna" in target.lower()
+
+
+# ----------------------------------------------------------------------------- before a sweep
+def _override_values(cmd, key: str) -> Optional[List[str]]:
+    """The values the command gives ``key`` (a sweep's choices, or its one value); None when
+    it does not set it or sweeps it over a range that cannot be listed."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for text in reversed(cmd.hydra_overrides):
+        if text.split("=", 1)[0].lstrip("+~") != key:
+            continue
+        try:
+            (ov,) = OverridesParser.create().parse_overrides([text])
+        except Exception:  # noqa: BLE001 - a malformed override is reported by its own check
+            return None
+        if ov.is_sweep_override():
+            return [str(v) for v in ov.sweep_string_iterator()] if ov.is_discrete_sweep() else None
+        return [ov.get_value_element_as_str()]
+    return None
+
+
+def objective_problems(cmd) -> List[Problem]:
+    """An objective some point of the sweep cannot produce, found before the sweep runs.
+
+    A timed objective (TTFT, TPOT, throughput, goodput; the default ``ttft_p90_ms`` is one)
+    needs hardware with compute and memory-bandwidth figures, and ``hardware=local`` has
+    none: rather than a sweep of points that end without their objective, the command
+    stops here, naming the hardware and what would work."""
+    from ..config.hardware import compose_hardware
+    from ..config.objectives import (OBJECTIVES, RETIRED_OBJECTIVES, TIMED_OBJECTIVES, TIMING_FIGURES,
+                                     UNTIMED_OBJECTIVES)
+    from ..config.presets import default_choices
+    from ..config.registry import job_schemas
+
+    jobs = _override_values(cmd, "job") or [cmd.choices.get("job") or dict(default_choices())["job"]]
+    schemas = job_schemas()
+    with_objective = [j for j in jobs if j in schemas and
+                      "objective" in {f.name for f in dataclasses.fields(schemas[j].config_cls)}]
+    if not with_objective:
+        return []
+    named = [str(v) for k, v, _src in cmd.job_settings if k == "objective"]
+    objectives = _override_values(cmd, "job.objective") or named[-1:] or [DEFAULT_OBJECTIVE]
+    problems: List[Problem] = []
+    for objective in objectives:
+        if objective not in OBJECTIVES:
+            why = RETIRED_OBJECTIVES.get(objective)
+            problems.append(Problem("job.objective", None, (f"{objective} was retired: {why}" if why else
+                                    f"{objective!r} is not an objective") + f"; allowed: {', '.join(OBJECTIVES)}",
+                                    "override"))
+    timed = [o for o in objectives if o in TIMED_OBJECTIVES]
+    if not timed or problems:
+        return problems
+    hardware = _override_values(cmd, "hardware") or [cmd.choices.get("hardware") or dict(default_choices())["hardware"]]
+    for option in hardware:
+        hw, errors = compose_hardware(option, cmd.hardware_settings)
+        if errors:
+            continue            # an unknown preset is reported by its own check
+        missing = [f for f in TIMING_FIGURES if not getattr(hw, f, None)]
+        if not missing:
+            continue
+        for objective in timed:
+            problems.append(Problem(
+                "job.objective", None,
+                f"{objective} needs requests timed on the target, which hardware={option} cannot do (it has no "
+                f"{' or '.join(missing)}): choose a hardware preset (hardware=h100_80gb ...), measure this GPU "
+                f"with job=calibrate, or optimise what every point produces ({', '.join(UNTIMED_OBJECTIVES)})",
+                "override" if named or _override_values(cmd, "job.objective") else "job"))
+    return problems

@@ -16,9 +16,15 @@ moved as raw integers of the widest width the strides allow, so every dtype (fp8
 as bytes, bf16, fp16, fp32) is copied bit for bit.  The last page may stop after
 ``tail`` tokens.
 
-Block size and warps follow from the page size (:func:`block_for_page`), the same on a
-GPU and under the interpreter (``TRITON_INTERPRET=1``), so every launch goes through one
-path (:func:`plan_group_launch`, then :func:`launch`).  There is no autotuning: Triton's
+The widest access each lane may make (``VEC`` elements: what the base pointers, strides and
+row length allow, at most 16 bytes) is computed at launch (:func:`vector_elems`) and reaches
+the kernel as a constexpr that backs its ``tl.multiple_of``/``tl.max_contiguous`` hints;
+block size and warps follow from the page size and ``VEC`` (:func:`block_for_page`).  All
+of it is the same on a GPU and under the interpreter (``TRITON_INTERPRET=1``), so every
+launch goes through one path (:func:`plan_group_launch`, then :func:`launch`), and the
+compile key is ``(integer width, MODE, BLOCK, VEC, num_warps)``: no scalar argument is
+specialised on its value.  ``scripts/compile_kernels.py`` compiles every such key the
+launch path can produce for sm_80/sm_89/sm_90 without a GPU (``memory/kernel_compile.py``).  There is no autotuning: Triton's
 autotuner would run its trial configurations as real copies on the live pools the first
 time each shape is seen, and a copy is memory-bound, so the block only has to be large
 enough to keep every lane busy with wide loads.
@@ -28,7 +34,7 @@ is compiled or interpreted.
 """
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -59,39 +65,70 @@ def kernel_available(device: torch.device) -> Tuple[bool, str]:
     return False, (f"no GPU for the Triton kernels (device {device.type}) and TRITON_INTERPRET is not set")
 
 
-def _page_copy(src, dst, src_pages, dst_pages, n_pages, tail_elems, n_layers,
-               src_family_stride, src_layer_stride, src_page_stride, src_token_stride, src_head_stride,
-               dst_family_stride, dst_layer_stride, dst_page_stride, dst_token_stride, dst_head_stride,
-               row_elems, head_dim, page_elems, MODE: tl.constexpr, BLOCK: tl.constexpr):
+def _page_copy(src, dst, src_pages, dst_pages, n_pages: tl.int32, tail_elems: tl.int32, n_layers: tl.int32,
+               src_family_stride: tl.int64, src_layer_stride: tl.int64, src_page_stride: tl.int64,
+               src_token_stride: tl.int64, src_head_stride: tl.int64,
+               dst_family_stride: tl.int64, dst_layer_stride: tl.int64, dst_page_stride: tl.int64,
+               dst_token_stride: tl.int64, dst_head_stride: tl.int64,
+               row_elems: tl.int32, head_dim: tl.int32, page_elems: tl.int32,
+               MODE: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):
     pair = tl.program_id(0)
     family_layer = tl.program_id(1)
     block = tl.program_id(2)
-    family = (family_layer // n_layers).to(tl.int64)
-    layer = (family_layer % n_layers).to(tl.int64)
+    family = family_layer // n_layers
+    layer = family_layer - family * n_layers
     src_page = tl.load(src_pages + pair).to(tl.int64)
     dst_page = tl.load(dst_pages + pair).to(tl.int64)
-    limit = tl.where(pair == n_pages - 1, tail_elems, page_elems)
-    elem = (block * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    # every limit is whole token rows, and VEC divides a row: masks come in groups of VEC
+    limit = tl.multiple_of(tl.where(pair == n_pages - 1, tail_elems, page_elems), VEC)
+    # offsets inside a page stay 32-bit (a page is far below 2**31 elements): the
+    # divisions below are 32-bit; only the page bases need 64 bits
+    elem = block * BLOCK + tl.arange(0, BLOCK)
     mask = elem < limit
-    src_base = family * src_family_stride + layer * src_layer_stride + src_page * src_page_stride
-    dst_base = family * dst_family_stride + layer * dst_layer_stride + dst_page * dst_page_stride
+    src_base = family.to(tl.int64) * src_family_stride + layer.to(tl.int64) * src_layer_stride \
+        + src_page * src_page_stride
+    dst_base = family.to(tl.int64) * dst_family_stride + layer.to(tl.int64) * dst_layer_stride \
+        + dst_page * dst_page_stride
     if MODE == 0:      # whole page contiguous on both sides
         src_offset = elem
         dst_offset = elem
     elif MODE == 1:    # each token row (H*D) contiguous on both sides
         token = elem // row_elems
         in_row = elem - token * row_elems
-        src_offset = token * src_token_stride + in_row
-        dst_offset = token * dst_token_stride + in_row
+        src_offset = token.to(tl.int64) * src_token_stride + in_row
+        dst_offset = token.to(tl.int64) * dst_token_stride + in_row
     else:              # only the innermost dim is contiguous
         token = elem // row_elems
         in_row = elem - token * row_elems
         head = in_row // head_dim
         dim = in_row - head * head_dim
-        src_offset = token * src_token_stride + head * src_head_stride + dim
-        dst_offset = token * dst_token_stride + head * dst_head_stride + dim
-    x = tl.load(src + src_base + src_offset, mask=mask)
-    tl.store(dst + dst_base + dst_offset, x, mask=mask)
+        src_offset = token.to(tl.int64) * src_token_stride + head.to(tl.int64) * src_head_stride + dim
+        dst_offset = token.to(tl.int64) * dst_token_stride + head.to(tl.int64) * dst_head_stride + dim
+    # VEC consecutive elements from a multiple of VEC are contiguous on both sides, and the
+    # page bases sit on VEC-element boundaries (the launch checked pointers and strides),
+    # so each lane can move VEC elements with one vector access
+    src_offset = tl.max_contiguous(tl.multiple_of(src_offset, VEC), VEC)
+    dst_offset = tl.max_contiguous(tl.multiple_of(dst_offset, VEC), VEC)
+    src_row = tl.multiple_of(src + src_base, VEC * (src.dtype.element_ty.primitive_bitwidth // 8))  # bytes
+    dst_row = tl.multiple_of(dst + dst_base, VEC * (dst.dtype.element_ty.primitive_bitwidth // 8))
+    x = tl.load(src_row + src_offset, mask=mask)
+    tl.store(dst_row + dst_offset, x, mask=mask)
+
+
+#: the compile key is (integer width, MODE, BLOCK, VEC, num_warps) and nothing else: no
+#: scalar is specialised on its value (Triton would otherwise compile a new variant when,
+#: say, a call moves one page or its tail stops on a multiple of 16), and pointer alignment
+#: reaches the kernel only through VEC
+_UNSPECIALISED = ("n_pages", "tail_elems", "n_layers",
+                  "src_family_stride", "src_layer_stride", "src_page_stride", "src_token_stride", "src_head_stride",
+                  "dst_family_stride", "dst_layer_stride", "dst_page_stride", "dst_token_stride", "dst_head_stride",
+                  "row_elems", "head_dim", "page_elems")
+_ALIGNMENT_FREE = ("src", "dst", "src_pages", "dst_pages")
+
+
+def jit_page_copy():
+    """A new ``triton.jit`` of the page-copy kernel with the specialisation rules above."""
+    return triton.jit(_page_copy, do_not_specialize=_UNSPECIALISED, do_not_specialize_on_alignment=_ALIGNMENT_FREE)
 
 
 _KERNELS: Dict[bool, object] = {}
@@ -102,35 +139,59 @@ def _kernel():
     interpreted = interpreter_on()
     kernel = _KERNELS.get(interpreted)
     if kernel is None:
-        kernel = _KERNELS[interpreted] = triton.jit(_page_copy)
+        kernel = _KERNELS[interpreted] = jit_page_copy()
     return kernel
 
 
 # ---------------------------------------------------------------------- launch configuration
-#: at most this many bytes per program: 16 KiB keeps 8 warps busy with 16-byte accesses
-#: (64 bytes per lane) while a page of a few KiB still spreads over several programs
+#: at most this many bytes per program with 16-byte accesses: 16 KiB keeps 8 warps busy
+#: (four accesses, 64 bytes, per lane) while a page of a few KiB still spreads over
+#: several programs
 MAX_BYTES_PER_PROGRAM = 16 << 10
-#: smallest block (elements): one warp with four elements per lane
-MIN_BLOCK = 128
+#: widest access of one lane (``ld.global.v4.b32``)
+LANE_BYTES = 16
+#: smallest block, in bytes of 16-byte accesses: one warp with one access per lane (a
+#: smaller block would leave lanes idle or with narrower accesses)
+MIN_BLOCK_BYTES = 32 * LANE_BYTES
+#: element widths the kernel moves (raw integers of 1, 2, 4 or 8 bytes)
+ELEMENT_BYTES = (1, 2, 4, 8)
 
 
 def _next_power_of_2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def block_for_page(page_elems: int, elem_bytes: int) -> Tuple[int, int]:
-    """``(BLOCK, num_warps)`` for pages of ``page_elems`` integers of ``elem_bytes`` each.
+def block_for_page(page_elems: int, elem_bytes: int, vec: Optional[int] = None) -> Tuple[int, int]:
+    """``(BLOCK, num_warps)`` for pages of ``page_elems`` integers of ``elem_bytes`` each,
+    moved ``vec`` elements per access (default: a full 16-byte access).
 
-    A block covers the whole page when the page is at most ``MAX_BYTES_PER_PROGRAM``
-    (rounded up to a power of two, as ``tl.arange`` needs), else the largest power of two
-    within it; warps grow with the bytes a program moves."""
-    if page_elems < 1 or elem_bytes not in (1, 2, 4, 8):
-        raise ValueError(f"no launch for pages of {page_elems} elements of {elem_bytes} bytes")
-    cap = max(MIN_BLOCK, MAX_BYTES_PER_PROGRAM // elem_bytes)
-    block = min(cap, max(MIN_BLOCK, _next_power_of_2(page_elems)))
-    program_bytes = block * elem_bytes
-    warps = 8 if program_bytes >= 16 << 10 else 4 if program_bytes >= 4 << 10 else 2
+    Sizes are counted in accesses, so a lane always has between one and four of them: a
+    block covers the whole page when the page is at most ``MAX_BYTES_PER_PROGRAM`` worth of
+    16-byte accesses (rounded up to a power of two, as ``tl.arange`` needs, and to at
+    least one warp of accesses), else the largest power of two within it; warps grow with
+    the accesses a program makes.  Narrow accesses (rows whose length or alignment allows
+    no 16-byte access) get proportionally smaller blocks: a lane with dozens of scalar
+    accesses runs out of registers and spills."""
+    full = LANE_BYTES // elem_bytes if elem_bytes in ELEMENT_BYTES else 0
+    vec = full if vec is None else vec
+    if page_elems < 1 or not full or vec < 1 or vec > full or vec & (vec - 1):
+        raise ValueError(f"no launch for pages of {page_elems} elements of {elem_bytes} bytes, {vec} per access")
+    cap = max(1, MAX_BYTES_PER_PROGRAM // LANE_BYTES) * vec
+    smallest = max(1, MIN_BLOCK_BYTES // LANE_BYTES) * vec
+    block = min(cap, max(smallest, _next_power_of_2(page_elems)))
+    accesses = block // vec
+    warps = 8 if accesses >= 1024 else 4 if accesses >= 256 else 2 if accesses >= 64 else 1
     return block, warps
+
+
+def vector_elems(elem_bytes: int, pointers: Sequence[int], strides: Sequence[int], run: int) -> int:
+    """Elements one lane may move with one access: the largest power of two ``v`` with
+    ``v * elem_bytes <= LANE_BYTES`` that divides every stride, the contiguous ``run``
+    (token row or head dim) and every base pointer (in bytes)."""
+    v = max(1, LANE_BYTES // elem_bytes)
+    while v > 1 and (any(p % (v * elem_bytes) for p in pointers) or any(s % v for s in strides) or run % v):
+        v //= 2
+    return v
 
 
 @dataclass(frozen=True)
@@ -142,10 +203,11 @@ class GroupLaunch:
     mode: int
     block: int
     num_warps: int
+    vec: int = 1
 
     @property
     def options(self) -> Dict[str, int]:
-        return {"MODE": self.mode, "BLOCK": self.block, "num_warps": self.num_warps}
+        return {"MODE": self.mode, "BLOCK": self.block, "VEC": self.vec, "num_warps": self.num_warps}
 
 
 def copy_mode(src_strides, dst_strides, row_elems: int, head_dim: int) -> int:
@@ -175,13 +237,20 @@ def plan_group_launch(src_views: List[torch.Tensor], dst_views: List[torch.Tenso
     page_elems = page_size * row_elems
     src_strides, dst_strides = src0.stride(), dst0.stride()
     n_pages = src_pages.numel()
-    block, warps = block_for_page(page_elems, elem_bytes)
+    mode = copy_mode(src_strides, dst_strides, row_elems, head_dim)
+    # strides the kernel multiplies by: family/layer/page always, token rows from MODE 1,
+    # heads in MODE 2; the contiguous run a lane may not cross is a row, or a head in MODE 2
+    used = 3 if mode == 0 else 4 if mode == 1 else 5
+    strides = (src_family_stride, dst_family_stride) + tuple(src_strides[:used - 1]) + tuple(dst_strides[:used - 1])
+    vec = vector_elems(elem_bytes, (src0.data_ptr(), dst0.data_ptr()), strides,
+                       head_dim if mode == 2 else row_elems)
+    block, warps = block_for_page(page_elems, elem_bytes, vec)
     args = (src0, dst0, src_pages, dst_pages, n_pages, tail_tokens * row_elems, n_layers,
             src_family_stride, *src_strides[:4],
             dst_family_stride, *dst_strides[:4],
             row_elems, head_dim, page_elems)
     grid = (n_pages, families * n_layers, -(-page_elems // block))
-    return GroupLaunch(grid, args, copy_mode(src_strides, dst_strides, row_elems, head_dim), block, warps)
+    return GroupLaunch(grid, args, mode, block, warps, vec)
 
 
 def launch(kernel, plan: GroupLaunch) -> None:
@@ -257,4 +326,4 @@ class TritonTransfer(TransferBackend):
 
 
 __all__ = ["TritonTransfer", "kernel_available", "interpreter_on", "block_for_page", "plan_group_launch",
-           "GroupLaunch", "copy_mode", "launch"]
+           "GroupLaunch", "copy_mode", "launch", "vector_elems", "jit_page_copy"]

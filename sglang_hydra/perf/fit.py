@@ -33,9 +33,11 @@ def prefill_attention_s(seqs: int, seq_len: int, heads: int, head_dim: int, peak
 
 
 def decode_attention_s(seqs: int, kv_tokens: int, kv_bytes_per_token: float, bw: float,
-                       eff: float, seq_us: float, floor_us: float) -> float:
-    """One decode step's attention: read every sequence's KV, plus a per-sequence cost."""
-    return max(kv_tokens * kv_bytes_per_token / (bw * eff) + seqs * seq_us * US, floor_us * US)
+                       eff: float, seq_us: float, floor_us: float, half_ctas: float = 0.0, kv_heads: int = 1) -> float:
+    """One decode step's attention: read every sequence's KV (slower while few sequences x KV
+    heads occupy the GPU), plus a per-sequence cost."""
+    read = kv_tokens * kv_bytes_per_token / (bw * eff) * (1.0 + half_ctas / (seqs * kv_heads))
+    return max(read + seqs * seq_us * US, floor_us * US)
 
 
 def minimise(loss: Callable[[List[float]], float], x0: Sequence[float], steps: int = 600) -> List[float]:
@@ -124,18 +126,20 @@ def fit_prefill_attention(samples: Sequence[Tuple[int, int, int, int, float]], p
     return dict(attention_prefill_efficiency=p[0], attention_prefill_extra_pairs=p[1]), _rms(errs(p))
 
 
-def fit_decode_attention(samples: Sequence[Tuple[int, int, float, float]], bw: float, floor_us: float
-                         ) -> Tuple[Dict[str, float], float]:
+def fit_decode_attention(samples: Sequence[Tuple[int, int, float, float]], bw: float, floor_us: float,
+                         kv_heads: int = 1) -> Tuple[Dict[str, float], float]:
     """``samples``: (seqs, total KV tokens, KV bytes per token, seconds)."""
-    bounds = ((0.02, 1.0), (0.0, 100.0))
+    bounds = ((0.02, 1.0), (0.0, 100.0), (0.0, 4096.0))
 
     def params(x):
         return [_squash(v, lo, hi) for v, (lo, hi) in zip(x, bounds)]
 
     def errs(p):
-        return [math.log(decode_attention_s(b, kv, kvb, bw, p[0], p[1], floor_us) / t) for b, kv, kvb, t in samples]
+        return [math.log(decode_attention_s(b, kv, kvb, bw, p[0], p[1], floor_us, p[2], kv_heads) / t)
+                for b, kv, kvb, t in samples]
 
     x = minimise(lambda x: sum(e * e for e in errs(params(x))),
-                 [_unsquash(v, lo, hi) for v, (lo, hi) in zip((0.6, 0.1), bounds)])
+                 [_unsquash(v, lo, hi) for v, (lo, hi) in zip((0.6, 0.1, 8.0), bounds)])
     p = params(x)
-    return dict(attention_decode_efficiency=p[0], attention_decode_seq_us=p[1]), _rms(errs(p))
+    return dict(attention_decode_efficiency=p[0], attention_decode_seq_us=p[1], attention_decode_half_ctas=p[2]), \
+        _rms(errs(p))

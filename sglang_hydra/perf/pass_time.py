@@ -11,19 +11,23 @@ A pass is costed as the kernels SGLang runs for it, per tensor-parallel rank:
   (weights plus activations at ``hbm_bandwidth_gbps * memory_efficiency``), never less
   than ``kernel_floor_us``;
 * **attention**: prefill is causal over the cached and new tokens, ``2*(d_qk + d_v)`` FLOPs
-  per (query, key) pair and head at ``attention_prefill_efficiency`` of the peak; decode
-  reads the whole KV of every sequence at ``attention_decode_efficiency`` of the HBM rate;
+  per (query, key) pair and head at ``attention_prefill_efficiency`` of the peak (plus
+  ``attention_prefill_extra_pairs`` per token and ``attention_prefill_layer_us`` per layer);
+  decode reads the whole KV of every sequence at ``attention_decode_efficiency`` of the HBM
+  rate, slower while few sequences x KV heads occupy the GPU (``attention_decode_half_ctas``);
 * **tensor-parallel all-reduce**: two per layer (after attention and after the MLP) of the
   pass's activations, a ring over the link the preset names (``tp_link``: NVLink within a
-  node, PCIe for cards without it) at ``allreduce_efficiency``, plus
-  ``allreduce_latency_us`` each;
-* **element-wise kernels** (norms, rotary embedding, activation, residual adds): memory
-  traffic of the activations;
+  node, PCIe for cards without it) at ``allreduce_efficiency x (tp/2)^allreduce_tp_scaling``,
+  plus ``allreduce_latency_us`` each; PCIe groups above a pair share ``allreduce_bridge_gbps``;
+* **element-wise kernels** (fused residual add + norm twice, the gated activation): memory
+  traffic of the activations plus ``elementwise_kernel_us`` each;
 * ``pass_overhead_us`` per pass.
 
-Every constant that does not depend on the batch is computed once in ``__init__`` so a
-pass costs a few dozen float operations (well over 100,000 passes per second in pure
-Python).  No torch, no Hydra.
+Every constant that does not depend on the batch is computed once in ``__init__``; the
+terms that depend only on the token count are read from an exact piecewise-linear table
+(bisect), so a pass costs about as much as a handful of Python calls (over 200,000 passes
+per second, ``scripts/bench_pass_model.py``).  The full table of classes and assumptions is
+in ``docs/whatif.md``.  No torch, no Hydra.
 """
 from __future__ import annotations
 
@@ -38,18 +42,21 @@ TERA = 1e12
 GB = 1e9
 US = 1e-6
 ACT_BYTES = 2.0          # activations and the all-reduce payload are bf16
-#: element-wise kernels per layer (two norms, rotary embedding, activation) and the bytes each
+#: element-wise kernels per layer (two fused add+norm, the gated activation) and the bytes each
 #: token moves through them per layer, in units of the hidden width (read + write of the
 #: residual stream through two norms and two adds, q/k through the rotary embedding)
-ELEMENTWISE_KERNELS_PER_LAYER = 4
-ELEMENTWISE_HIDDEN_PASSES = 10
+ELEMENTWISE_KERNELS_PER_LAYER = 3
+ELEMENTWISE_HIDDEN_PASSES = 8
+
+#: model types whose attention normalises q and k per head (RMSNorm on each head, as in Qwen3)
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 #: hardware fields the model reads (all from conf/hardware/<name>.yaml)
 HARDWARE_PERF_FIELDS = (
     "bf16_tflops", "hbm_bandwidth_gbps", "gemm_efficiency", "gemm_half_tokens", "memory_efficiency",
-    "attention_prefill_efficiency", "attention_prefill_extra_pairs", "attention_decode_efficiency",
-    "attention_decode_seq_us", "allreduce_efficiency", "allreduce_latency_us", "allreduce_bridge_gbps",
-    "kernel_floor_us", "pass_overhead_us", "tp_link", "nvlink_gbps", "h2d_gbps",
+    "attention_prefill_efficiency", "attention_prefill_extra_pairs", "attention_prefill_layer_us", "attention_decode_efficiency",
+    "attention_decode_seq_us", "attention_decode_half_ctas", "allreduce_efficiency", "allreduce_latency_us", "allreduce_tp_scaling", "allreduce_bridge_gbps",
+    "kernel_floor_us", "elementwise_kernel_us", "pass_overhead_us", "tp_link", "nvlink_gbps", "h2d_gbps",
 )
 
 
@@ -92,9 +99,11 @@ class PassModel:
                  v_head_dim: int, intermediate: int, vocab: int, kv_bytes_per_token: float,
                  weight_bytes_per_gpu: float, weight_itemsize: float, hardware: Dict[str, Any],
                  mla: Optional[Tuple[int, int, int]] = None,
-                 moe: Optional[Tuple[int, int, int, int, int]] = None, name: str = "model"):
+                 moe: Optional[Tuple[int, int, int, int, int]] = None, qk_norm: bool = False,
+                 name: str = "model"):
         """Shapes are the whole model's; ``mla`` = (q_lora_rank, kv_lora_rank, qk_rope_head_dim);
-        ``moe`` = (experts, experts per token, expert MLP width, shared experts, first dense layers)."""
+        ``moe`` = (experts, experts per token, expert MLP width, shared experts, first dense layers);
+        ``qk_norm``: the model normalises q and k per head (Qwen3): two more element-wise kernels a layer."""
         self.name = name
         self.tp = tp
         self.weight_bytes_per_gpu = float(weight_bytes_per_gpu)
@@ -170,15 +179,19 @@ class PassModel:
             self._attn_pair_s = layers * heads_r * 2.0 * (head_dim + v_head_dim) / att_peak
             self._dec_flop_s = layers * heads_r * 2.0 * (head_dim + v_head_dim) / att_peak
         self._attn_extra_pairs = float(hw["attention_prefill_extra_pairs"])
+        self._attn_layer_s = layers * float(hw["attention_prefill_layer_us"]) * US
         self._dec_kv_s = self.kv_bytes_per_token / (bw * float(hw["attention_decode_efficiency"]))
         self._dec_seq_s = layers * float(hw["attention_decode_seq_us"]) * US
+        # few sequences x KV heads leave SMs idle: the KV read runs at eff x n / (n + half)
+        self._dec_half_seqs = float(hw["attention_decode_half_ctas"]) / (1 if mla else kv_r)
         self._attn_floor = layers * self._floor
 
         # all-reduce: a ring moves 2 (tp-1)/tp of the payload per GPU
         self._has_ar = tp > 1
         if tp > 1:
             link = hw["nvlink_gbps"] if hw["tp_link"] == "nvlink" else hw["h2d_gbps"]
-            rate = float(link) * GB * float(hw["allreduce_efficiency"])
+            # NVSwitch all-reduces get faster per GPU with the group (multicast): (tp/2)^scaling
+            rate = float(link) * GB * float(hw["allreduce_efficiency"]) * (tp / 2.0) ** float(hw["allreduce_tp_scaling"])
             bridge = hw.get("allreduce_bridge_gbps")
             if hw["tp_link"] == "pcie" and tp > 2 and bridge:
                 # beyond a pair, every GPU's share of the ring crosses one shared host bridge
@@ -191,8 +204,10 @@ class PassModel:
 
         # element-wise kernels
         i_act = (intermediate // tp) if not moe else (moe[1] * moe[2] // tp)
-        self._elem_per_token = layers * ACT_BYTES * (ELEMENTWISE_HIDDEN_PASSES * hidden + 3 * i_act) / mem_rate
-        self._elem_floor = layers * ELEMENTWISE_KERNELS_PER_LAYER * self._floor
+        qk = (heads_r + kv_r) * head_dim * 2 if qk_norm else 0      # q/k per-head norms read and write
+        self._elem_per_token = layers * ACT_BYTES * (ELEMENTWISE_HIDDEN_PASSES * hidden + 3 * i_act + qk) / mem_rate
+        kernels = ELEMENTWISE_KERNELS_PER_LAYER + (2 if qk_norm else 0)
+        self._elem_fixed = layers * kernels * float(hw["elementwise_kernel_us"]) * US
         self._moe_memo: Dict[int, float] = {}
         self._build_piecewise()
 
@@ -300,6 +315,7 @@ class PassModel:
                    v_head_dim=v_head_dim, intermediate=intermediate, vocab=vocab,
                    kv_bytes_per_token=geo.bytes_per_token, weight_bytes_per_gpu=per_rank,
                    weight_itemsize=itemsize, hardware=hw, mla=mla, moe=moe,
+                   qk_norm=str(_get(rec, "model_type", "")) in QK_NORM_MODEL_TYPES,
                    name=str(_get(rec, "model_path", "model")))
 
     # ------------------------------------------------------------------ the model
@@ -337,9 +353,10 @@ class PassModel:
         t += x if x > y else y
         if prefill_attn_pairs:
             x = (prefill_attn_pairs + self._attn_extra_pairs * (m - decode_seqs)) * self._attn_pair_s
-            t += x if x > self._attn_floor else self._attn_floor
+            t += (x if x > self._attn_floor else self._attn_floor) + self._attn_layer_s
         if decode_seqs:
-            x = decode_kv_tokens * self._dec_kv_s + decode_seqs * self._dec_seq_s
+            x = decode_kv_tokens * self._dec_kv_s * (1.0 + self._dec_half_seqs / decode_seqs) \
+                + decode_seqs * self._dec_seq_s
             y = decode_kv_tokens * self._dec_flop_s
             if y > x:
                 x = y
@@ -355,7 +372,7 @@ class PassModel:
             t += count * max(c * (m + self._half), w + a * m, floor)
         if self._has_ar:
             t += self._ar_fixed + m * self._ar_per_token
-        return t + max(m * self._elem_per_token, self._elem_floor)
+        return t + m * self._elem_per_token + self._elem_fixed
 
     def _build_piecewise(self) -> None:
         """Each term of :meth:`_token_terms` is a max of lines in ``m``, so their sum is linear
@@ -370,8 +387,6 @@ class PassModel:
                 points.add((floor - c * h) / c)
             if a:
                 points.add((floor - w) / a)
-        if self._elem_per_token:
-            points.add(self._elem_floor / self._elem_per_token)
         breaks = sorted(x for x in points if x > 0)
         edges = [0.0] + breaks + [(breaks[-1] if breaks else 0.0) + 3.0]
         slopes, icepts = [], []
@@ -428,13 +443,14 @@ class PassModel:
         if prefill_attn_pairs:
             out["attention_prefill"] = max(
                 (prefill_attn_pairs + self._attn_extra_pairs * (m - decode_seqs)) * self._attn_pair_s,
-                self._attn_floor)
+                self._attn_floor) + self._attn_layer_s
         if decode_seqs:
-            out["attention_decode"] = max(decode_kv_tokens * self._dec_kv_s + decode_seqs * self._dec_seq_s,
+            out["attention_decode"] = max(decode_kv_tokens * self._dec_kv_s * (1.0 + self._dec_half_seqs / decode_seqs)
+                                          + decode_seqs * self._dec_seq_s,
                                           decode_kv_tokens * self._dec_flop_s, self._attn_floor)
         if self._has_ar:
             out["allreduce"] = self._ar_fixed + m * self._ar_per_token
-        out["elementwise"] = max(m * self._elem_per_token, self._elem_floor)
+        out["elementwise"] = m * self._elem_per_token + self._elem_fixed
         return out
 
     def __repr__(self) -> str:

@@ -123,14 +123,17 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
            tail_threshold_tokens: float = DEFAULT_TAIL_THRESHOLD_TOKENS,
            progress: bool = False, policy: Optional[str] = None,
            policy_config: Optional[Dict[str, Any]] = None,
-           keep_per_request: bool = False, block_size: int = BLOCK_SIZE) -> ReplayResult:
+           keep_per_request: bool = False, block_size: int = BLOCK_SIZE,
+           cache_semantics: str = "rules") -> ReplayResult:
     """The rules' cache counts for ``requests`` under ``record`` (see the module doc).
 
     ``record`` supplies ``page_size``, ``max_total_tokens`` (capacity =
     ``max_total_tokens // page_size`` pages; ``None`` = unbounded), ``disable_radix_cache``,
     ``radix_eviction_policy`` and ``radix_eviction_policy_config``.  ``policy`` /
     ``policy_config`` override the last two; they are how replay-only policies
-    (``belady``) and non-choice ones (``fifo``) are selected.  ``requests`` may be a
+    (``belady``) and non-choice ones (``fifo``) are selected.  ``cache_semantics`` is
+    ``"rules"`` (``replay_rules.md``) or ``"sglang"`` (SGLang's node-granular radix cache;
+    see :mod:`sglang_hydra.cache.radix`).  ``requests`` may be a
     :class:`~sglang_hydra.workload.trace.Trace` or any iterable of requests.
     """
     import dataclasses
@@ -162,7 +165,7 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
         def make_cache():
             return TieredCache(CountingMover(UNBOUNDED_PAGES if capacity is None else capacity),
                                policy=make_policy(name, cfg, page_size=page_size), page_size=page_size,
-                               hierarchical=False)
+                               hierarchical=False, semantics=cache_semantics)
 
         longest = max(r.input_length for r in reqs) + 2
         spec = EngineSpec(_InstantPasses(), pool_tokens=longest, max_running=1, chunk_tokens=None,

@@ -154,15 +154,11 @@ def assumptions(chunk_tokens: Optional[int]) -> List[str]:
         "less in SGLang.",
         "Decode does not slow prefill (prefill-only engine as in PD disaggregation, or no mixed batches); "
         "wrong for a colocated server under decode load, where TTFT is higher.",
-        "Compute = 2 x num_parameters FLOPs per new token + 4 x layers x heads x head_dim FLOPs per causal "
-        "(query, key) pair, all at bf16_tflops x prefill_efficiency x tp; wrong when attention kernels run at "
-        "a different efficiency than the GEMMs (very long prompts), for MoE models (active parameters, not all), "
-        "for sliding-window or MLA attention, or quantised weights.",
-        "A pass never runs faster than reading the rank's bf16 weights and the prefix's KV once from HBM "
-        "(roofline); per-pass launch and scheduling overheads are not counted, so it is wrong (optimistic) "
-        "for very small chunks.",
-        "Tensor parallel scales compute linearly (all-reduce time ignored) and splits the KV bytes over the "
-        "ranks; each rank loads its share over its own host link; wrong for large TP degrees or weak links.",
+        "Each chunk's time is the pass-time model's (sglang_hydra.perf.PassModel: GEMMs by the model's shapes, "
+        "causal attention, TP all-reduces, element-wise kernels, each at a per-class efficiency of the hardware "
+        "preset, fitted to aiconfigurator's measured SGLang kernels); its own assumptions are listed in "
+        "docs/whatif.md (wrong for sliding-window attention, expert parallelism, overlapped communication).",
+        "Each rank loads its share of host hits over its own host link; wrong when ranks share a PCIe switch.",
         "Host hits are copied host->device layer by layer while earlier layers compute (only the first layer's "
         "copy and the excess of a layer's copy over a layer's compute of the first chunk are exposed); wrong "
         "when the io backend copies the whole prefix before compute, or pages are not pinned.",

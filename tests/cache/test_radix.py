@@ -5,7 +5,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from sglang_hydra.cache import RadixTree, block_page_keys, chained_page_keys, make_policy
+from sglang_hydra.cache.movers import CountingMover
 from sglang_hydra.cache.radix import block_page_weights
+from sglang_hydra.cache.tiered import TieredCache
 from naive import naive_replay
 
 
@@ -142,14 +144,22 @@ def test_matches_naive_simulator(policy):
             cfg = {"threshold": 4 * 512, "next_prompt_estimate": 1 * 512}
             kw["tlru"] = (4, 1)
         expect = naive_replay(chains, cap, policy, priorities=prios, **kw)
-        pol = make_policy(policy, cfg, page_size=512)
-        t = RadixTree(cap, pol)
-        if pol.needs_future:
-            pol.prepare(chains)
-        got = [t.serve(c, i, prios[i] if policy == "priority" else 0)
-               for i, c in enumerate(chains)]
-        assert got == expect, (policy, cap)
-        t.check_invariants()
+        # the bare tree, and the cache every replay runs (TieredCache, one tier); a device
+        # cannot hold a request larger than itself (TieredCache keeps its leading pages),
+        # the rules (§8: every request fits) keep it whole, so that case is the tree's only
+        builds = [lambda pol: RadixTree(cap, pol)]
+        if max(map(len, chains)) <= cap:
+            builds.append(lambda pol: TieredCache(CountingMover(cap), policy=pol, page_size=512,
+                                                  hierarchical=False))
+        for build in builds:
+            pol = make_policy(policy, cfg, page_size=512)
+            t = build(pol)
+            if pol.needs_future:
+                pol.prepare(chains)
+            got = [t.serve(c, i, prios[i] if policy == "priority" else 0)
+                   for i, c in enumerate(chains)]
+            assert got == expect, (type(t).__name__, policy, cap)
+            t.check_invariants()
 
 
 # ------------------------------------------------------------ weighted nodes
@@ -303,3 +313,62 @@ def test_unbounded_weighted_equals_page_granular():
         assert t_units.serve(keys, i, weights=weights) == t_pages.serve(pages, i)
     t_units.check_invariants()
     assert t_units.size == t_pages.size and t_units.num_nodes < t_pages.num_nodes
+
+
+# ------------------------------------------------------------ sglang semantics
+def test_sglang_semantics_evicts_whole_engine_nodes():
+    """One insert is one engine node: evicting it frees every page it brought, even when
+    fewer are needed (the rules evict page by page)."""
+    engine = RadixTree(capacity=6, semantics="sglang")
+    rules = RadixTree(capacity=6)
+    for t in (engine, rules):
+        t.serve([1, 2, 3, 4], 0)
+        t.serve([9, 8], 1)
+    # 3 new pages need 3 freed: rules drop pages 4, 3 and 2, the engine all of 1..4
+    assert engine.serve([7, 6, 5], 2) == 0 and rules.serve([7, 6, 5], 2) == 0
+    assert engine.size == 5 and rules.size == 6
+    assert engine.serve([1, 2], 3) == 0 and rules.serve([1, 2], 3) == 1
+    engine.check_invariants()
+
+
+def test_sglang_semantics_split_where_a_match_ends():
+    """A match that ends inside an engine node splits it; the upper part becomes a node of
+    its own (fresh stamps), the lower part keeps the old node's creation stamp."""
+    t = RadixTree(capacity=None, semantics="sglang")
+    t.serve([1, 2, 3, 4], 0)
+    n4 = t.root.children[1].children[2].children[3].children[4]
+    created = n4.insert_time
+    assert t.serve([1, 2, 5], 1) == 2
+    n2 = t.root.children[1].children[2]
+    assert n2.seg != n4.seg and n2.seg == t.root.children[1].seg
+    assert n4.insert_time == created and n2.insert_time > created
+    # the pages of one engine node share their statistics (hits are counted at insert)
+    assert n2.hit_count == 2 and n4.hit_count == 1
+    t.check_invariants()
+
+
+def test_sglang_semantics_is_one_tier_only():
+    with pytest.raises(ValueError, match="cache_semantics=sglang"):
+        TieredCache(CountingMover(10, 10), policy=make_policy("lru"), semantics="sglang")
+    with pytest.raises(ValueError, match="unknown cache semantics"):
+        RadixTree(10, semantics="engine")
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "slru", "priority", "span_lru", "ghost_lru"])
+def test_sglang_semantics_invariants_under_random_requests(policy):
+    """Structure, sizes and locks stay consistent; the tree never exceeds its capacity when
+    every request fits; whole-segment eviction never frees a page of the current request."""
+    rng = random.Random(f"sglang-{policy}")
+    for weighted in (False, True):
+        t = TieredCache(CountingMover(40), policy=make_policy(policy), hierarchical=False, semantics="sglang")
+        for i in range(400):
+            path = [rng.choice([0, 0, 1, 2, 3]) for _ in range(rng.randint(1, 9))]
+            keys = [tuple(path[: j + 1]) for j in range(len(path))]
+            weights = [rng.randint(1, 4) for _ in keys] if weighted else None
+            total = len(keys) if weights is None else sum(weights)
+            k = t.serve(keys, i, rng.randint(0, 2), weights)
+            assert 0 <= k <= total
+            t.check_invariants()
+            assert t.size <= 40 and t.protected_size == 0
+            # the request just served is cached whole
+            assert t._walk(keys, weights, 0, False)[0] == total

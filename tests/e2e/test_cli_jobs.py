@@ -40,7 +40,8 @@ def test_replay_bad_trace_line_is_reported_with_its_number(tmp_path):
 
 def test_sweep_summary_from_a_three_point_multirun(tmp_path):
     r = run("-m", "job=replay", *TARGET, "memory.radix_eviction_policy=lru,lfu,ghost_lru", "schedule.page_size=512",
-            "schedule.max_total_tokens=512000", "job.max_requests=500", f"hydra.sweep.dir={tmp_path}/sweep",
+            "schedule.max_total_tokens=512000", "job.max_requests=500", "job.objective=token_hit_rate",
+            f"hydra.sweep.dir={tmp_path}/sweep",
             cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader((tmp_path / "sweep" / "summary.csv").open()))

@@ -97,7 +97,7 @@ def test_a_bad_sweep_point_does_not_lose_the_others(tmp_path, launcher):
     assert "1 of 3 sweep jobs failed" in r.stderr and "job 1 [" in r.stderr and "error.json" in r.stderr
 
 
-def test_a_sweep_with_an_unexpected_failure_exits_1_and_a_rerun_clears_old_verdicts(tmp_path):
+def test_a_sweep_with_an_unexpected_failure_exits_1_and_a_rerun_never_mixes_verdicts(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     sweep = tmp_path / "sweep"
@@ -106,10 +106,16 @@ def test_a_sweep_with_an_unexpected_failure_exits_1_and_a_rerun_clears_old_verdi
     assert r.returncode == 1, r.stderr
     assert json.loads((sweep / "1" / "error.json").read_text())["exit_code"] == 1
     assert "Traceback" not in r.stderr and "1 of 2 sweep jobs failed" in r.stderr
+    # the rerun into the same directory is refused (its verdicts would mix with the first's) ...
+    again = run("-m", f"job.output={tmp_path}/ok.yaml,{tmp_path}/ok2.yaml", "job=resolve",
+                f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert again.returncode == 2 and "already holds a sweep" in again.stderr, again.stderr
+    assert json.loads((sweep / "1" / "error.json").read_text())["exit_code"] == 1
+    # ... and runs clean in a directory of its own
     r = run("-m", f"job.output={tmp_path}/ok.yaml,{tmp_path}/ok2.yaml", "job=resolve",
-            f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+            f"hydra.sweep.dir={tmp_path}/rerun", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert not list(sweep.glob("*/error.json"))
+    assert not list((tmp_path / "rerun").glob("*/error.json"))
 
 
 def test_sweep_values_that_can_never_work_are_rejected_before_anything_runs(tmp_path):

@@ -35,3 +35,28 @@ def test_mla_matrix_on_gpu(layout, io, big_host):
     rec = small_record(enable_hierarchical_cache=True, hicache_mem_layout=layout, hicache_io_backend=io,
                        attention_arch="mla", kv_lora_rank=8, qk_rope_head_dim=4)
     _run_matrix(rec, big_host, io, device="cuda")
+
+
+def test_compiled_variants_are_exactly_the_planned_keys(big_host, monkeypatch):
+    """Triton compiles one variant per planned (width, MODE, BLOCK, VEC, warps) and no more:
+    page counts, tails and strides never add a variant at run time, so the ahead-of-time
+    compile of scripts/compile_kernels.py covers what a GPU runs."""
+    from sglang_hydra.memory import transfer_triton
+
+    monkeypatch.setattr(transfer_triton, "_KERNELS", {})          # a fresh jit with an empty cache
+    planned = set()
+    real_launch = transfer_triton.launch
+
+    def recording_launch(kernel, plan):
+        planned.add((plan.args[0].element_size(), plan.mode, plan.block, plan.vec, plan.num_warps))
+        real_launch(kernel, plan)
+
+    monkeypatch.setattr(transfer_triton, "launch", recording_launch)
+    for layout in MHA:
+        for dtype in ("bf16", "fp8"):
+            rec = small_record(enable_hierarchical_cache=True, hicache_mem_layout=layout, hicache_io_backend="kernel",
+                               **DTYPES[dtype])
+            _run_matrix(rec, big_host, "kernel", device="cuda")
+    kernel = transfer_triton._kernel()
+    compiled = kernel.device_caches[torch.cuda.current_device()][0]
+    assert planned and len(compiled) == len(planned), (sorted(planned), list(compiled))

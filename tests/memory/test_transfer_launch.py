@@ -18,8 +18,8 @@ import torch
 from sglang_hydra.memory import build_memory, make_transfer
 from sglang_hydra.memory import transfer_triton
 from sglang_hydra.memory.transfer_direct import CudaEventClock, TransferStats, WallClock, clock_for
-from sglang_hydra.memory.transfer_triton import (MAX_BYTES_PER_PROGRAM, MIN_BLOCK, _page_copy, block_for_page,
-                                                  plan_group_launch)
+from sglang_hydra.memory.transfer_triton import (LANE_BYTES, MAX_BYTES_PER_PROGRAM, MIN_BLOCK_BYTES, _page_copy,
+                                                  block_for_page, plan_group_launch)
 
 from .conftest import small_record
 from .test_transfer import MHA, MLA, _run_matrix
@@ -51,17 +51,25 @@ class RecordingKernel:
 @pytest.mark.parametrize("page_size", [1, 16, 64, 128, 512])
 @pytest.mark.parametrize("row_bytes", [64, 576 * 2, 8 * 128 * 2, 32 * 128 * 4])
 @pytest.mark.parametrize("elem_bytes", [1, 2, 4, 8])
-def test_block_follows_page_size(page_size, row_bytes, elem_bytes):
+@pytest.mark.parametrize("access_bytes", [16, 8, 1])
+def test_block_follows_page_size(page_size, row_bytes, elem_bytes, access_bytes):
+    vec = max(1, access_bytes // elem_bytes)
     page_elems = page_size * row_bytes // elem_bytes
-    block, warps = block_for_page(page_elems, elem_bytes)
-    assert block & (block - 1) == 0 and block >= MIN_BLOCK
-    assert block * elem_bytes <= max(MAX_BYTES_PER_PROGRAM, MIN_BLOCK * elem_bytes)
-    if page_elems * elem_bytes <= MAX_BYTES_PER_PROGRAM:
+    block, warps = block_for_page(page_elems, elem_bytes, vec)
+    most = MAX_BYTES_PER_PROGRAM // LANE_BYTES          # accesses in the largest program
+    accesses = block // vec
+    assert block & (block - 1) == 0 and block % vec == 0
+    assert MIN_BLOCK_BYTES // LANE_BYTES <= accesses <= most
+    if page_elems <= most * vec:
         assert block >= page_elems                  # a small page is one program
     else:
-        assert block * elem_bytes == MAX_BYTES_PER_PROGRAM
-    assert warps in (2, 4, 8)
-    assert warps == (8 if block * elem_bytes >= 16 << 10 else 4 if block * elem_bytes >= 4 << 10 else 2)
+        assert accesses == most
+    assert warps in (1, 2, 4, 8)
+    assert 1 <= accesses // (32 * warps) <= 4       # every lane: one to four accesses
+    if vec * elem_bytes == LANE_BYTES:              # full-width accesses: 512 B .. 16 KiB programs
+        assert MIN_BLOCK_BYTES <= block * elem_bytes <= MAX_BYTES_PER_PROGRAM
+    if vec == LANE_BYTES // elem_bytes:
+        assert block_for_page(page_elems, elem_bytes) == (block, warps)   # the default is full width
 
 
 def test_block_for_page_rejects_nonsense():
@@ -69,6 +77,10 @@ def test_block_for_page_rejects_nonsense():
         block_for_page(0, 8)
     with pytest.raises(ValueError):
         block_for_page(16, 3)
+    with pytest.raises(ValueError):
+        block_for_page(16, 8, 4)        # 32-byte accesses do not exist
+    with pytest.raises(ValueError):
+        block_for_page(16, 1, 3)
 
 
 def test_llama_pages_split_into_16k_programs():
@@ -135,7 +147,7 @@ def tiny_blocks(monkeypatch):
     partial last page leaves whole blocks and half blocks masked."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(transfer_triton, "MAX_BYTES_PER_PROGRAM", 32)
-    monkeypatch.setattr(transfer_triton, "MIN_BLOCK", 4)
+    monkeypatch.setattr(transfer_triton, "MIN_BLOCK_BYTES", 32)
     assert block_for_page(16, 8)[0] == 4
 
 

@@ -17,6 +17,7 @@ def unit_hw(**kw):
     hw = dict(name="unit", bf16_tflops=1.0, hbm_bandwidth_gbps=1.0, gemm_efficiency=1.0, gemm_half_tokens=0.0,
               memory_efficiency=1.0, attention_prefill_efficiency=1.0, attention_decode_efficiency=1.0,
               allreduce_efficiency=1.0, allreduce_latency_us=0.0, kernel_floor_us=0.0, pass_overhead_us=0.0,
+              elementwise_kernel_us=0.0,
               tp_link="nvlink", nvlink_gbps=1.0, h2d_gbps=1.0)
     hw.update(kw)
     return hw
@@ -187,3 +188,40 @@ def test_fits_recover_known_factors():
                for b in (1, 8, 64, 256) for c in (128, 1024, 8192)]
     got, rms = fit.fit_decode_attention(samples, bw, 6.0)
     assert rms < 0.01 and got["attention_decode_efficiency"] == pytest.approx(0.8, rel=0.05)
+
+
+MODEL_PRESETS = ["llama3_1_8b", "llama3_1_70b", "qwen3_8b", "qwen3_32b", "llama3_8b", "qwen2_7b", "deepseek_v3",
+                 "tiny", "tiny_mla"]
+
+
+@pytest.mark.parametrize("name", MODEL_PRESETS)
+def test_model_presets_load_cite_config_json_and_are_costable(name):
+    from sglang_hydra.config.compose import compose
+    from sglang_hydra.config.presets import conf_dir
+    text = (conf_dir() / "model" / f"{name}.yaml").read_text()
+    if not name.startswith("tiny"):
+        assert "config.json" in text and "huggingface.co" in text      # each shape's published source
+    rec, composed = compose([f"model={name}", "hardware=h200_141gb", "parallel.tp_size=8" if name in
+                             ("llama3_1_70b", "deepseek_v3") else "parallel.tp_size=1"])
+    m = PassModel.from_record(rec, composed.hardware)
+    assert 0 < m.prefill_s([(0, 1024)]) < 10 and 0 < m.decode_s([1024] * 8) < 1
+
+
+def test_new_presets_have_the_published_shapes():
+    from sglang_hydra.config.compose import compose
+    rec, _ = compose(["model=llama3_1_70b"])
+    assert (rec.hidden_size, rec.intermediate_size, rec.num_hidden_layers, rec.num_attention_heads,
+            rec.num_key_value_heads, rec.vocab_size, rec.max_position_embeddings) == \
+        (8192, 28672, 80, 64, 8, 128256, 131072)
+    rec, _ = compose(["model=qwen3_8b"])
+    assert (rec.hidden_size, rec.intermediate_size, rec.num_hidden_layers, rec.head_dim, rec.vocab_size) == \
+        (4096, 12288, 36, 128, 151936)
+
+
+@pytest.mark.parametrize("name", ["h100_80gb", "h200_141gb", "a100_80gb", "l40s_48gb"])
+def test_gpu_presets_state_where_their_efficiencies_come_from(name):
+    from sglang_hydra.config.presets import conf_dir
+    text = (conf_dir() / "hardware" / f"{name}.yaml").read_text()
+    assert "scripts/fit_pass_model.py" in text and "aiconfigurator" in text
+    assert "scripts/refine_pass_model.py" in text
+    assert "nic_gbps" in text and ("ConnectX" in text or "ASSUMED" in text)

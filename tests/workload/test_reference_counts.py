@@ -60,3 +60,17 @@ def test_ghost_lru_targets(trace):
         assert ours >= lru - 0.005, blocks
         if blocks in (4000, 16000):
             assert (ours - lru) / (bel - lru) >= 0.10, blocks
+
+
+#: SGLang 0.5.23's own RadixCache over the same trace (scripts/engine_radix_oracle.py;
+#: tests/cache/test_engine_radix_differential.py checks every request against it)
+ENGINE_LRU = {1000: 12831, 4000: 24677, 16000: 75274}
+
+
+@pytest.mark.parametrize("blocks", sorted(ENGINE_LRU))
+def test_sglang_semantics_reproduce_the_engine(trace, blocks):
+    rec = make_record(page_size=512, max_total_tokens=blocks * 512)
+    res = replay(rec, trace, policy="lru", cache_semantics="sglang")
+    assert res.hit_blocks == ENGINE_LRU[blocks]
+    # the rules differ by whole-node eviction only: a little, in one direction
+    assert 0 < EXPECTED["lru"][blocks] - res.hit_blocks < 0.01 * EXPECTED["lru"][blocks] + 300

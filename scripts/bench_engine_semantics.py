@@ -1,0 +1,51 @@
+#!/usr/bin/env python
+"""Cost per request and hits of the two cache semantics (rules / sglang) on the conversation trace.
+
+For each policy and semantics: the median wall time of ``replay()`` over ``--repeat`` runs
+(trace already parsed), as microseconds per request and as a ratio to LRU under the same
+semantics in the same run, and the hit blocks at ``--blocks``.
+
+    .venv/bin/python scripts/bench_engine_semantics.py [--repeat 3] [--blocks 4000]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sglang_hydra.config.testing import make_record  # noqa: E402
+from sglang_hydra.workload import load_trace, replay  # noqa: E402
+from sglang_hydra.workload.trace import trace_path  # noqa: E402
+
+POLICIES = ("lru", "span_lru", "ghost_lru")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--blocks", type=int, default=4000)
+    args = ap.parse_args()
+    trace = load_trace(trace_path("conversation"))
+    rec = make_record(page_size=512, max_total_tokens=args.blocks * 512)
+    print(f"conversation trace, {len(trace)} requests, {args.blocks} blocks, median of {args.repeat}")
+    print(f"{'semantics':<9} {'policy':<10} {'hit blocks':>10} {'us/request':>11} {'x LRU':>6}")
+    for semantics in ("rules", "sglang"):
+        base = None
+        for policy in POLICIES:
+            times = []
+            for _ in range(args.repeat):
+                t0 = time.perf_counter()
+                res = replay(rec, trace, policy=policy, cache_semantics=semantics)
+                times.append(time.perf_counter() - t0)
+            us = statistics.median(times) / len(trace) * 1e6
+            base = base or us
+            print(f"{semantics:<9} {policy:<10} {res.hit_blocks:>10} {us:>11.1f} {us / base:>6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

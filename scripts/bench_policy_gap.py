@@ -1,0 +1,67 @@
+#!/usr/bin/env python
+"""Share of the LRU->Belady gap each online policy closes (rules semantics, 512-token pages).
+
+Workloads: the conversation trace (first half = where parameters were chosen, second half
+= held out, and the whole trace) and synthetic traces of different reuse shapes
+(``workload/synthetic.py``; seeds other than the ones the defaults were chosen on).
+Share = (policy - LRU) / (Belady - LRU) in hit blocks; ``-`` where Belady equals LRU.
+
+    .venv/bin/python scripts/bench_policy_gap.py [--policies ghost_lru,span_lru]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sglang_hydra.config.testing import make_record  # noqa: E402
+from sglang_hydra.workload import load_trace, replay  # noqa: E402
+from sglang_hydra.workload.synthetic import generate_conversations  # noqa: E402
+from sglang_hydra.workload.trace import trace_path  # noqa: E402
+
+CAPACITIES = (1000, 4000, 16000)
+SHAPES = {
+    # many long conversations, one shared system prompt
+    "synthetic-long": dict(conversations=1500, min_turns=2, max_turns=12, user_tokens_mean=1500,
+                           output_tokens_mean=400, system_prompt_tokens=2048, think_time_s=60, seed=101),
+    # short sessions over many shared prefixes (a tool/agent-like shape)
+    "synthetic-shared": dict(conversations=3000, min_turns=1, max_turns=3, user_tokens_mean=800,
+                             output_tokens_mean=200, system_prompt_tokens=6000, prefix_groups=40,
+                             think_time_s=10, seed=202),
+}
+
+
+def hits(reqs, policy, blocks):
+    rec = make_record(page_size=512, max_total_tokens=blocks * 512)
+    return replay(rec, reqs, policy=policy).hit_blocks
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policies", default="ghost_lru,span_lru")
+    args = ap.parse_args()
+    policies = args.policies.split(",")
+    conv = list(load_trace(trace_path("conversation")))
+    half = len(conv) // 2
+    workloads = {"conversation (first half)": conv[:half], "conversation (held-out half)": conv[half:],
+                 "conversation (whole)": conv}
+    for name, cfg in SHAPES.items():
+        workloads[name] = generate_conversations(**cfg)
+    print(f"{'workload':<30} {'blocks':>6} {'LRU':>7} {'Belady':>7} " + " ".join(f"{p:>16}" for p in policies))
+    for name, reqs in workloads.items():
+        for blocks in CAPACITIES:
+            lru = hits(reqs, "lru", blocks)
+            bel = hits(reqs, "belady", blocks)
+            cells = []
+            for p in policies:
+                h = hits(reqs, p, blocks)
+                share = f"{(h - lru) / (bel - lru):+.1%}" if bel > lru else "-"
+                cells.append(f"{h:>8} {share:>7}")
+            print(f"{name:<30} {blocks:>6} {lru:>7} {bel:>7} " + " ".join(cells), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

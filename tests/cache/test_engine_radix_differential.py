@@ -1,0 +1,168 @@
+"""Engine differential: the replay's ``cache_semantics=sglang`` against SGLang's own RadixCache.
+
+The same requests go through ``workload.replay.replay`` (the code every metadata replay
+runs: ``TieredCache`` with one tier) and through SGLang 0.5.23's ``RadixCache`` driven by
+``scripts/engine_radix_oracle.py`` in the reference venv (match, pin, evict until the new
+pages fit, insert, unpin; the engine's clock replaced by a counter).  Every request must
+hit the same number of pages, for every policy, capacity and page size.  ``span_lru`` runs
+in the engine through our plugin, found by the engine's plugin loader in the installed
+wheel's entry-point metadata (the wheel is installed with ``--no-deps --target`` into an
+overlay directory on the reference interpreter's ``PYTHONPATH``).
+
+T-LRU is not compared: SGLang's plain ``RadixCache`` cannot run it (its nodes lack the
+T-LRU fields; the engine only accepts tlru with ``UnifiedRadixCache``), and importing
+``UnifiedRadixCache`` needs the ``openai`` package, which the reference env lacks.
+
+    SGLANG_HYDRA_REFERENCE_PYTHON=/path/to/ref-venv/bin/python python -m pytest tests/cache/test_engine_radix_differential.py
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_hydra.cache.radix import block_page_keys
+from sglang_hydra.workload.replay import replay
+from sglang_hydra.workload.synthetic import generate_conversations
+from sglang_hydra.workload.trace import load_trace, trace_path
+
+ROOT = Path(__file__).resolve().parents[2]
+ORACLE = ROOT / "scripts" / "engine_radix_oracle.py"
+REFERENCE_PYTHON = os.environ.get("SGLANG_HYDRA_REFERENCE_PYTHON")
+pytestmark = [pytest.mark.reference, pytest.mark.skipif(
+    not REFERENCE_PYTHON, reason="set SGLANG_HYDRA_REFERENCE_PYTHON to a venv with sglang 0.5.23 (docs/differential.md)")]
+
+#: policy -> config; span_lru is ours, through the plugin
+POLICIES = {"lru": None, "lfu": None, "slru": {"protected_threshold": 2}, "priority": None,
+            "span_lru": {"alpha": 1.0}}
+BLOCK_CAPACITIES = (1000, 4000, 16000)          # in 512-token blocks, as replay_rules.md
+SYNTH_BLOCK_CAPACITIES = (60, 250, 1000)
+PAGE_SIZES = (512, 128)
+#: engine tokens per replay page: page alignment is exercised with a page of 2 tokens
+PAGE_TOKENS = {512: 1, 128: 2}
+CONVERSATION_REQUESTS_AT_128 = 1500
+
+
+@pytest.fixture(scope="module")
+def plugin_overlay(tmp_path_factory):
+    """Our wheel, installed without dependencies into a directory the engine's
+    interpreter gets on PYTHONPATH: the plugin is found through its metadata alone."""
+    out = tmp_path_factory.mktemp("plugin")
+    wheels = out / "wheels"
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir",
+                    str(wheels), str(ROOT)], check=True, timeout=600, capture_output=True)
+    (wheel,) = wheels.glob("sglang_hydra-*.whl")
+    target = out / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                    str(wheel)], check=True, timeout=600, capture_output=True)
+    return target
+
+
+def _engine(requests, priorities, runs, overlay):
+    env = dict(os.environ, PYTHONPATH=str(overlay), SGLANG_PLUGINS="hydra_eviction_policies")
+    proc = subprocess.run([REFERENCE_PYTHON, str(ORACLE)], capture_output=True, text=True, timeout=900,
+                          input=json.dumps({"requests": requests, "priorities": priorities,
+                                            "load_plugins": True, "runs": runs}), env=env)
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    return json.loads(proc.stdout)["runs"]
+
+
+def _ours(reqs, policy, cfg, page_size, capacity_pages):
+    record = SimpleNamespace(page_size=page_size, max_total_tokens=capacity_pages * page_size,
+                             disable_radix_cache=False, radix_eviction_policy=policy,
+                             radix_eviction_policy_config=cfg)
+    res = replay(record, reqs, keep_per_request=True, cache_semantics="sglang")
+    return res.per_request_hit_pages
+
+
+def _workloads():
+    conv = list(load_trace(trace_path("conversation")))
+    rng = random.Random(7)
+    a = generate_conversations(conversations=90, max_turns=10, prefix_groups=3, seed=11)
+    b = generate_conversations(conversations=150, max_turns=4, system_prompt_tokens=3000,
+                               prefix_groups=6, think_time_s=5.0, seed=12)
+    b = [dataclasses.replace(r, priority=rng.choice((0, 0, 1, 2))) for r in b]
+    return {"conversation": (conv, BLOCK_CAPACITIES), "synthetic-long": (a, SYNTH_BLOCK_CAPACITIES),
+            "synthetic-shared": (b, SYNTH_BLOCK_CAPACITIES)}
+
+
+def _cases():
+    for name, (reqs, caps) in _workloads().items():
+        for ps in PAGE_SIZES:
+            cut = reqs
+            if name == "conversation" and ps == 128:
+                cut = reqs[:CONVERSATION_REQUESTS_AT_128]
+            yield name, cut, ps, caps
+
+
+def test_sglang_semantics_hit_the_engine_exactly(plugin_overlay):
+    """Identical per-request hit lengths, ours vs SGLang's RadixCache (plugin loaded)."""
+    jobs = []
+    for name, reqs, ps, caps in _cases():
+        pages = [block_page_keys(r.hash_ids, r.input_length, ps) for r in reqs]
+        prios = [int(getattr(r, "priority", 0) or 0) for r in reqs]
+        per_block = 512 // ps
+        runs = [{"policy": p, "policy_config": cfg, "page_tokens": PAGE_TOKENS[ps],
+                 "capacity_pages": c * per_block}
+                for p, cfg in POLICIES.items() for c in caps]
+        # the full trace: one engine process per policy, so that CI's cores share the work
+        step = len(caps) if len(reqs) > 5000 else len(runs)
+        for i in range(0, len(runs), step):
+            jobs.append((name, reqs, ps, pages, prios, runs[i:i + step]))
+    table = []
+    problems = []
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        engine = [pool.submit(_engine, j[3], j[4], j[5], plugin_overlay) for j in jobs]
+        # our replays run here while the engine processes work
+        ours_all = [[_ours(reqs, run["policy"], run["policy_config"], ps, run["capacity_pages"])
+                     for run in runs] for name, reqs, ps, pages, prios, runs in jobs]
+        for (name, reqs, ps, pages, prios, runs), future, ours_runs in zip(jobs, engine, ours_all):
+            for run, out, ours in zip(runs, future.result(), ours_runs):
+                label = f"{name} page={ps} {run['policy']} C={run['capacity_pages']}"
+                if "error" in out:
+                    problems.append(f"{label}: engine failed: {out['error']}")
+                    continue
+                if run["policy"] == "span_lru":
+                    assert out["policy_class"] == "SpanLRUStrategy", out["policy_class"]
+                theirs = out["hits"]
+                table.append(f"{label}: ours {sum(ours)} sglang {sum(theirs)} requests {len(reqs)}")
+                if ours != theirs:
+                    first = next(i for i, (x, y) in enumerate(zip(ours, theirs)) if x != y)
+                    problems.append(f"{label}: first difference at request {first}: "
+                                    f"ours {ours[first]} sglang {theirs[first]}")
+    print("\n" + "\n".join(table))
+    assert not problems, "\n".join(problems)
+
+
+def test_plugin_policy_is_rejected_without_the_plugin():
+    """Without the plugin the engine does not know span_lru (the plugin really is needed)."""
+    proc = subprocess.run([REFERENCE_PYTHON, str(ORACLE)], capture_output=True, text=True, timeout=300,
+                          input=json.dumps({"requests": [[1, 2]], "runs": [
+                              {"policy": "span_lru", "page_tokens": 1, "capacity_pages": 10}]}),
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    out = json.loads(proc.stdout)["runs"][0]
+    assert "Unknown eviction policy: span_lru" in out["error"]
+
+
+def test_check_engine_accepts_the_plugin_policy_once_installed(plugin_overlay, tmp_path):
+    """job=resolve job.check=engine with an interpreter that has SGLang and our wheel: the
+    plugin check passes and SGLang itself (plugins loaded, as launch_server does) accepts
+    --radix-eviction-policy span_lru."""
+    python = tmp_path / "python-with-plugin"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={plugin_overlay} exec {REFERENCE_PYTHON} \"$@\"\n")
+    python.chmod(0o755)
+    r = subprocess.run([sys.executable, "-m", "sglang_hydra", "job=resolve", "job.check=engine", "job.format=argv",
+                        "memory.radix_eviction_policy=span_lru", f"job.python={python}"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env={k: v for k, v in os.environ.items() if k != "SGLANG_PLUGINS"})
+    assert r.returncode == 0, r.stderr
+    assert "--radix-eviction-policy span_lru" in r.stdout
+    assert "SGLang 0.5.23 accepts this configuration" in r.stderr
