@@ -264,7 +264,7 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
         if ta == INF and th == INF:
             break
         events += 1
-        if give_up is not None and (ai % check_every == 0 if ta <= th else events % 4096 == 0) \
+        if give_up is not None and (ai % check_every == 0 if ta <= th else events % 256 == 0) \
                 and hopeless(min(ta, th)):
             stopped_at = min(ta, th)
             break
