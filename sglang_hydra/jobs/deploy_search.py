@@ -4,14 +4,14 @@ It enumerates every deployment that fits the GPUs: aggregated (N replicas x TP, 
 sglang-router) and disaggregated (x prefill servers x TP + y decode servers x TP), each with
 the memory choices of ``job.search.*`` (HiCache ratio, eviction policy) and router policies;
 runs the trace through each in the project's one simulation (:mod:`sglang_hydra.workload`, as
-``job=replay`` does; :mod:`.deploy_eval` builds each candidate for it), ranks them by SLA goodput per GPU (requests
-per second meeting both bounds, per GPU), prints the table and writes ``summary.csv``,
+``job=replay`` does; :mod:`.deploy_eval` builds each candidate for it), ranks them by SLA
+goodput per GPU (requests per second meeting both bounds, per GPU), prints the table and writes ``summary.csv``,
 ``pareto.png`` (tokens/s/user against tokens/s/GPU), ``best_deploy.yaml`` (which ``--config``
 accepts for ``job=launch``) and ``deploy_search.json``.
 
 ``job.rate_search=true`` asks the peer tools' question instead: for each deployment, the
-highest request rate (the trace's arrival times scaled by ``time_scale``, re-simulated) at which the SLA still holds, ranked by
-output tokens/s per GPU at that rate.
+highest request rate (the trace's arrival times scaled through ``time_scale``, re-simulated) at
+which the SLA still holds, ranked by output tokens/s per GPU at that rate.
 """
 from __future__ import annotations
 
