@@ -239,18 +239,31 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
         k = own_next.get(id(e), 0) if lst else 0
         return lst[k] if lst and k < len(lst) else INF
 
+    decided = [0, 0]          # requests (by arrival) whose first token is known, from the first; of them late
+
     def hopeless(now: float) -> bool:
-        """Whether ``give_up`` holds at ``now`` (see :class:`GiveUp`)."""
-        cutoff, late, oldest = now - give_up.ttft_s, 0, 0.0
-        for k in range(ai):
+        """Whether ``give_up`` holds at ``now`` (see :class:`GiveUp`).  Requests are counted in
+        arrival order; a request whose first token is known stays counted (it never changes)."""
+        cutoff, bound = now - give_up.ttft_s, give_up.ttft_s
+        k, late = decided
+        while k < ai:             # the leading requests that are settled: counted once
             s = sims[order[k]]
+            ft = s.first_token_s
+            if s.arrival_s > cutoff or ft is None or ft > now:
+                break
+            late += ft - s.arrival_s > bound
+            k += 1
+        decided[0], decided[1] = k, late
+        oldest = 0.0
+        for j in range(k, ai):    # the rest that arrived over the bound ago (the backlog)
+            s = sims[order[j]]
             if s.arrival_s > cutoff:
                 break
             ft = s.first_token_s
-            if ft is None:
+            if ft is None or ft > now:
                 late += 1
                 oldest = max(oldest, now - s.arrival_s)
-            elif ft - s.arrival_s > give_up.ttft_s:
+            elif ft - s.arrival_s > bound:
                 late += 1
         return late > give_up.late_allowed and oldest >= give_up.wait_s
 
