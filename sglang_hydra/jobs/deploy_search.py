@@ -623,7 +623,7 @@ def _pareto(path, rows, best, rate, sla) -> None:
     ax.axvline(1000.0 / sla.tpot_ms, color="grey", ls="--", lw=0.8, label=f"1 / TPOT bound ({1000 / sla.tpot_ms:g})")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("tokens/s/user (1 / mean TPOT)")
+    ax.set_xlabel("tokens/s/user (mean over the requests)")
     ax.set_ylabel("output tokens/s/GPU" + (" at the highest rate meeting the SLA" if rate else ""))
     ax.set_title("Deployments: per-GPU throughput against per-user speed")
     ax.grid(alpha=0.3)
