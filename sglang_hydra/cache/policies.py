@@ -38,6 +38,7 @@ __all__ = [
     "TLRUPolicy",
     "BeladyPolicy",
     "GhostLRUPolicy",
+    "GhostLFUPolicy",
     "SpanLRUPolicy",
     "SGLANG_BUILTIN_POLICIES",
     "policy_needs_plugin",
@@ -368,6 +369,43 @@ class GhostLRUPolicy(EvictionPolicy):
         return len(self._ghost)
 
 
+def _at_least_one(v):
+    return v >= 1
+
+
+class GhostLFUPolicy(GhostLRUPolicy):
+    """``ghost_lru`` whose credit grows with the number of proven reuses, up to a cap.
+
+    On the conversation trace a page read once is read again with probability 0.24, a page
+    read twice with 0.42, three times 0.50, four times 0.58: each reuse is more evidence.
+    Key = ``last_access + alpha * L * min((hit_count - 1) ** beta, cap)`` with ``L`` the
+    self-tuned one-hit lifetime of ``ghost_lru`` and hit counts remembered across evictions
+    by the same ghost table.  ``beta < 1`` and ``cap`` keep the credit bounded so that pages
+    which stop being read still age out (in-cache LFU's failure at large capacities).
+    """
+
+    name = "ghost_lfu"
+    PARAMS = {
+        "alpha": Param(float, 2.0, "> 0", _positive,
+                       "credit of a page reused once, in multiples of the one-hit page lifetime"),
+        "beta": Param(float, 0.5, ">= 0", _non_negative,
+                      "exponent of the reuse count in the credit (0 = ghost_lru)"),
+        "cap": Param(float, 8.0, ">= 1", _at_least_one,
+                     "largest credit multiplier, whatever the reuse count"),
+        "ghost_factor": Param(float, 8.0, ">= 0", _non_negative,
+                              "ghost table size as a multiple of the cache capacity"),
+        "ewma": Param(float, 0.01, "in (0, 1]", _unit_interval,
+                      "weight of each new sample in the lifetime average"),
+    }
+
+    def key(self, node):
+        c = node.hit_count
+        if c > 1:
+            m = (c - 1) ** self.beta
+            return node.last_access + self.alpha * self._life * (m if m < self.cap else self.cap)
+        return node.last_access
+
+
 class SpanLRUPolicy(EvictionPolicy):
     """LRU with a credit for proven reuse, computable by the engine from its own node stamps.
 
@@ -515,6 +553,7 @@ register_eviction_policy("priority", PriorityPolicy)
 register_eviction_policy("tlru", TLRUPolicy)
 register_eviction_policy("belady", BeladyPolicy, replay_only=True)
 register_eviction_policy("ghost_lru", GhostLRUPolicy)
+register_eviction_policy("ghost_lfu", GhostLFUPolicy)
 register_eviction_policy("span_lru", SpanLRUPolicy)
 
 
