@@ -204,3 +204,44 @@ def test_ghost_lfu_config_keys_are_checked():
     assert any("'cap'" in e and ">= 1" in e for e in errs)
     assert any("'beta'" in e and ">= 0" in e for e in errs)
     assert "ghost_lfu" in choices("RADIX_EVICTION_POLICY")
+
+
+def _hot_set_under_a_scan(rounds=30, hot=20, scan=3):
+    """Single-page requests: one of ``hot`` pages in turn, then ``scan`` pages never seen
+    again.  The hot pages come back every ``hot * (scan + 1)`` requests, beyond what LRU
+    keeps in 40 pages, so only a credit for proven reuse hits them."""
+    reqs, fresh = [], 0
+    for r in range(rounds):
+        for h in range(hot):
+            reqs.append([f"hot{h}"])
+            for _ in range(scan):
+                reqs.append([f"once{fresh}"])
+                fresh += 1
+    return reqs
+
+
+def _hits(policy, cfg, reqs, capacity=40):
+    t = RadixTree(capacity, make_policy(policy, cfg))
+    return sum(t.serve(keys, i) for i, keys in enumerate(reqs)), t.policy
+
+
+def test_auto_ghost_lfu_learns_to_credit_a_hot_set_under_a_scan():
+    reqs = _hot_set_under_a_scan()
+    lru, _ = _hits("lru", None, reqs)
+    auto, pol = _hits("auto_ghost_lfu", {"alpha": 0.0, "sample": 1, "epoch": 50}, reqs)
+    assert lru == 0
+    assert pol.alpha > 0                       # started as LRU, the miniatures chose a credit
+    assert auto > len(reqs) // 8               # most hot-page returns hit in the end
+
+
+def test_auto_ghost_lfu_is_deterministic_across_processes():
+    """Page sampling must not depend on Python's per-process string hash seed."""
+    import subprocess
+    import sys
+
+    code = ("from tests.cache.test_policies import _hits, _hot_set_under_a_scan;"
+            "print(_hits('auto_ghost_lfu', {'sample': 3, 'epoch': 20}, _hot_set_under_a_scan(10))[0])")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": seed}).stdout
+            for seed in ("1", "2")}
+    assert len(outs) == 1 and outs.pop().strip().isdigit()
