@@ -4,7 +4,9 @@
 Prints, per half of the trace: P(a block is read again | read n times) (the signal that
 frequency/ghost policies use), the gap in requests between a block's first and second
 read (what a waiting-queue lookahead of the requests sharing one timestamp could see),
-and the split of an infinite cache's hits into second reads (of blocks read once so far,
+how often a block read for the first time is read again by its depth, by how much of its
+request was already seen and by prompt length (features a server has), and the split of
+an infinite cache's hits into second reads (of blocks read once so far,
 which no online policy can tell apart from the 76 % never read again) and later reads.
 
     .venv/bin/python scripts/reuse_profile.py
@@ -19,6 +21,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sglang_hydra.workload import load_trace  # noqa: E402
 from sglang_hydra.workload.trace import trace_path  # noqa: E402
+
+
+EDGES = (1, 4, 16, 64, 256)
+
+
+def _bucket(x):
+    for e in EDGES:
+        if x < e:
+            return f"<{e}"
+    return f">={EDGES[-1]}"
+
+
+def _order(label):
+    return int(label.lstrip("<>="))+ (0.5 if label.startswith(">") else 0)
 
 
 def profile(name, reqs):
@@ -43,6 +59,28 @@ def profile(name, reqs):
     within = sum(1 for g in gaps if g <= mean_tick)
     print(f"  requests per timestamp (a real queue): {mean_tick:.1f} on average; second reads within "
           f"that distance: {within} of {len(gaps)}")
+    by_feature = {"depth (block index)": defaultdict(lambda: [0, 0]),
+                  "request's blocks already seen": defaultdict(lambda: [0, 0]),
+                  "prompt length (blocks)": defaultdict(lambda: [0, 0])}
+    seen = set()
+    for r in reqs:
+        ids = r.hash_ids
+        k = 0
+        while k < len(ids) and ids[k] in seen:
+            k += 1
+        for j, h in enumerate(ids):
+            if h in seen:
+                continue
+            seen.add(h)
+            again = len(reads[h]) > 1
+            for feature, x in (("depth (block index)", j), ("request's blocks already seen", k),
+                               ("prompt length (blocks)", len(ids))):
+                cell = by_feature[feature][_bucket(x)]
+                cell[0] += 1
+                cell[1] += again
+    for feature, cells in by_feature.items():
+        shown = ", ".join(f"{b}: {a / n:.2f} ({n})" for b, (n, a) in sorted(cells.items(), key=lambda c: _order(c[0])))
+        print(f"  P(new block read again) by {feature}: {shown}")
     second = sum(1 for v in reads.values() if len(v) >= 2)
     later = sum(len(v) - 2 for v in reads.values() if len(v) >= 3)
     print(f"  infinite-cache hits: {second + later} = {second} second reads + {later} later reads")
