@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from heapq import heappop, heappush
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Type
 
@@ -435,8 +436,6 @@ class _MiniCache:
         self.seq = 0
 
     def _push(self, key, entry):
-        from heapq import heappush
-
         count, last = entry[0], entry[1]
         prio = last
         if count > 1 and self.alpha:
@@ -461,8 +460,6 @@ class _MiniCache:
             self._evict(now)
 
     def _evict(self, now):
-        from heapq import heappop
-
         pages, heap = self.pages, self.heap
         while len(pages) > self.capacity:
             _, seq, key = heappop(heap)
@@ -511,6 +508,7 @@ class AutoGhostLFUPolicy(GhostLFUPolicy):
         mini = max(1, cap // self.sample)
         self._minis = [_MiniCache(a, self.beta, self.cap, mini, int(self.ghost_factor * mini), self.ewma)
                        for a in self.CANDIDATES] if cap else []
+        self._accesses = [m.access for m in self._minis]
         self._requests = 0
         self._scores = [0.0] * len(self._minis)
 
@@ -519,10 +517,12 @@ class AutoGhostLFUPolicy(GhostLFUPolicy):
         if not minis:
             return
         s = self.sample
+        accesses = self._accesses
         for key in page_keys:
-            if _stable_hash(key) % s == 0:
-                for m in minis:
-                    m.access(key, clock)
+            h = (key * 0x9E3779B1) >> 7 if type(key) is int else _stable_hash(key)
+            if h % s == 0:
+                for access in accesses:
+                    access(key, clock)
         self._requests += 1
         if self._requests % self.epoch == 0:
             scores = self._scores
