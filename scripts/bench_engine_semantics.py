@@ -21,7 +21,7 @@ from sglang_hydra.config.testing import make_record  # noqa: E402
 from sglang_hydra.workload import load_trace, replay  # noqa: E402
 from sglang_hydra.workload.trace import trace_path  # noqa: E402
 
-POLICIES = ("lru", "span_lru", "ghost_lru", "ghost_lfu")
+POLICIES = ("lru", "span_lru", "ghost_lru", "ghost_lfu", "auto_ghost_lfu")
 
 
 def main() -> int:
