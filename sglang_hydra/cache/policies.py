@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 import zlib
-from heapq import heappop, heappush
 from dataclasses import dataclass
+from heapq import heappop, heappush
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Type
 
 __all__ = [
@@ -379,8 +379,9 @@ def _at_least_one(v):
 class GhostLFUPolicy(GhostLRUPolicy):
     """``ghost_lru`` whose credit grows with the number of proven reuses, up to a cap.
 
-    On the conversation trace a page read once is read again with probability 0.24, a page
-    read twice with 0.42, three times 0.50, four times 0.58: each reuse is more evidence.
+    On the conversation trace's first half a block read once is read again with probability
+    0.23, one read twice 0.42, three times 0.47, four times 0.57
+    (``scripts/reuse_profile.py``): each reuse is more evidence.
     Key = ``last_access + alpha * L * min((hit_count - 1) ** beta, cap)`` with ``L`` the
     self-tuned one-hit lifetime of ``ghost_lru`` and hit counts remembered across evictions
     by the same ghost table.  ``beta < 1`` and ``cap`` keep the credit bounded so that pages
