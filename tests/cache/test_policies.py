@@ -242,7 +242,9 @@ def test_auto_ghost_lfu_is_deterministic_across_processes():
 
     code = ("from tests.cache.test_policies import _hits, _hot_set_under_a_scan;"
             "print(_hits('auto_ghost_lfu', {'sample': 3, 'epoch': 20}, _hot_set_under_a_scan(10))[0])")
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
+                           env={**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": seed}).stdout
             for seed in ("1", "2")}
     assert len(outs) == 1 and outs.pop().strip().isdigit()
