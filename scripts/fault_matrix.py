@@ -288,6 +288,21 @@ def _wait_pages_free(prefill: Peer, timeout: float) -> Optional[float]:
     return None
 
 
+def _wait_pages_held(prefill: Peer, timeout: float) -> int:
+    """Pages the prefill holds once it holds any (0 if it never did within ``timeout``)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        prefill.send(cmd="stats")
+        st = prefill.expect("STATS", 5)
+        if st is None:
+            return 0
+        if st["pages_in_use"] > 0:
+            time.sleep(0.3)
+            return st["pages_in_use"]
+        time.sleep(0.05)
+    return 0
+
+
 def _peer_env(lab, side: str, backend: str) -> Dict[str, str]:
     if backend == "nixl":   # across namespaces: UCX over TCP on the veth (CMA would bypass the link)
         return {"UCX_TLS": "tcp", "UCX_NET_DEVICES": lab.dev[side]}
@@ -328,7 +343,10 @@ def run_pd_case(fault: str, backend: str, n: int) -> Row:
             if res and row.failed:
                 row.problems.append(f"{row.failed} request(s) failed on a link that only slows down")
         else:
-            time.sleep(1.0)                      # transfers are in flight (1 MiB at 25 MB/s each)
+            # inject once the prefill holds pages of this batch (transfers in flight; 1 MiB at 25 MB/s each)
+            inflight = _wait_pages_held(pre, 15)
+            if not inflight:
+                row.problems.append("no transfer was in flight when the fault was due")
             t_fault = time.monotonic()
             if fault == "link_down_3s":
                 lab.link_down()
@@ -365,6 +383,17 @@ def run_pd_case(fault: str, backend: str, n: int) -> Row:
             row.recovered = res is not None and rec_ok == n
             if not row.recovered:
                 row.problems.append(f"recovery batch: {rec_ok}/{n} ok")
+            if fault in ("kill_bootstrap", "link_down_3s"):   # a decode that never saw the prefill before
+                fresh = start("b", "decode")
+                _fetch(fresh, addr, _rooms(next_room + n, n))
+                res = fresh.expect("RESULT", BATCH_TIMEOUT + WAIT_MARGIN)
+                fresh_ok = _account(row, res, "fresh decode batch")
+                if fresh_ok != n:
+                    row.recovered = False
+                    row.problems.append(f"fresh decode after the fault: {fresh_ok}/{n} ok")
+                done = fresh.quit(BATCH_TIMEOUT)
+                if done is None or done["pages_in_use_after"] + done["quarantined"]:
+                    row.problems.append(f"fresh decode leaked or hung: {done}")
         if fault in ("clean", "loss_1pct", "rate_200mbit"):
             row.recovered = row.ok == n
         leaked = 0

@@ -33,7 +33,7 @@ import zmq
 from . import control
 from .addressing import Entry, build_entries_fast
 from .base import BaseKVSender, KVTransferMetric
-from .bootstrap import register_rank
+from .bootstrap import BootstrapError, fetch_rank, register_rank
 from .checksum import adler32_pages
 from .manager import KVManagerCore
 from .states import TERMINAL, KVPoll, KVTransferError
@@ -99,6 +99,9 @@ class PrefillKVManager(KVManagerCore):
                                           name=f"disagg-transfer-{i}") for i, q in enumerate(self._queues)]
         for w in self._workers:
             w.start()
+        self._registered = threading.Event()
+        self._keeper = threading.Thread(target=self._keep_registered, daemon=True, name="disagg-bootstrap-keeper")
+        self._keeper.start()
 
     # ---------------------------------------------------------------- backend hooks
     def on_peer_registered(self, peer: Peer) -> None:
@@ -142,7 +145,35 @@ class PrefillKVManager(KVManagerCore):
         register_rank(self.bootstrap_addr, payload, retries=self.env.bootstrap_retries,
                       timeout=self.env.bootstrap_http_timeout, backoff=self.env.bootstrap_backoff,
                       secret=self.bootstrap_secret)
+        self._registration = payload
+        self._registered.set()
         logger.info("[prefill] rank registered at bootstrap %s as tcp://%s", self.bootstrap_addr, self.endpoint)
+
+    def _keep_registered(self) -> None:
+        """Re-register with a bootstrap server that restarted (it lost the route table).
+
+        Every heartbeat interval (``SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL``) once registered:
+        look up our own rank; a server that answers but does not know us gets the registration
+        again (one attempt; the next tick retries). Without this, a bootstrap server that was
+        killed and restarted answers every new decode with 503 forever, though prefill is alive.
+        """
+        while not self._stop.wait(self.env.heartbeat_interval):
+            if not self._registered.is_set():
+                continue
+            try:
+                fetch_rank(self.bootstrap_addr, 0, 0, self.args.engine_rank, 0, retries=1,
+                           timeout=self.env.bootstrap_http_timeout, secret=self.bootstrap_secret, retry_on=())
+                continue
+            except BootstrapError as e:
+                if "HTTP 404" not in str(e) and "HTTP 503" not in str(e):
+                    continue   # unreachable: nothing to re-register with yet
+            try:
+                register_rank(self.bootstrap_addr, self._registration, retries=1,
+                              timeout=self.env.bootstrap_http_timeout, secret=self.bootstrap_secret)
+                logger.warning("[prefill] bootstrap %s had lost this rank (restarted?); registered it again",
+                               self.bootstrap_addr)
+            except BootstrapError as e:
+                logger.debug("[prefill] re-registration failed: %s", e)
 
     # ---------------------------------------------------------------- control messages
     def _handle(self, frames: List[bytes]) -> None:
@@ -407,6 +438,7 @@ class PrefillKVManager(KVManagerCore):
 
     # ---------------------------------------------------------------- teardown
     def _close_role(self) -> None:
+        self._keeper.join(timeout=self.env.bootstrap_http_timeout + 1)
         # a worker finishes its current job first; that is bounded by the send timeout
         for t in self._workers:
             t.join(timeout=self.env.prefill_send_timeout + 2)
