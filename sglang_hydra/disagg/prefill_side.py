@@ -234,6 +234,14 @@ class PrefillKVManager(KVManagerCore):
         self.transfer_infos[info.room] = info
         self.status.update(info.room, KVPoll.WaitingForInput)
 
+    def reject(self, room: int, reason: str) -> None:
+        """Fail ``room`` before any transfer and tell its decode why (it need not wait for a timeout)."""
+        self.fail(room, reason)
+        info = self.transfer_infos.get(room)
+        with self._peers_lock:
+            peer = self.peers.get(info.session) if info else None
+        self._send_status(peer, control.StatusMessage(room, KVPoll.Failed, reason, settled=True))
+
     def _owns(self, room: int, session: str) -> bool:
         info = self.transfer_infos.get(room)
         return info is not None and info.session == session
