@@ -63,6 +63,7 @@ PEER_ENV = {
     "PYTHONUNBUFFERED": "1",
 }
 BATCH_TIMEOUT = 60.0       # the decode's run deadline for one batch
+WARMUP_ROOM = 1_000_000
 WAIT_MARGIN = 20.0         # the matrix waits this much longer before calling it a hang
 
 
@@ -138,16 +139,27 @@ def peer_decode(a) -> int:
 
     w = DecodeWorker(_record(a.backend, "decode"), host=a.host, geometry=KVGeometry(**GEOMETRY))
     _emit("READY", {})
-    for cmd in _commands():
-        if cmd["cmd"] == "fetch":
-            res = w.fetch(cmd["prefill"], cmd["rooms"], cmd["pages"], timeout=cmd["timeout"], max_inflight=8)
-            _emit("RESULT", dict(transfer_s=res.transfer_s, pages_in_use_after=res.pages_in_use_after,
+    busy: List[threading.Thread] = []
+
+    def fetch(cmd):
+        res = w.fetch(cmd["prefill"], cmd["rooms"], cmd["pages"], timeout=cmd["timeout"], max_inflight=8)
+        _emit("RESULT", dict(transfer_s=res.transfer_s, pages_in_use_after=res.pages_in_use_after,
                                  quarantined=res.quarantined_pages,
                                  requests=[dict(room=r.room, status=r.status, reason=r.reason, bytes=r.bytes,
                                                 checksum=r.checksum, verified=r.verified)
                                            for r in res.requests]))
+
+    for cmd in _commands():
+        if cmd["cmd"] == "fetch":   # on a thread, so "stats" is answered while requests are in flight
+            busy[:] = [t for t in busy if t.is_alive()]
+            busy.append(threading.Thread(target=fetch, args=(cmd,), daemon=True))
+            busy[-1].start()
+        elif cmd["cmd"] == "stats":
+            _emit("STATS", {"pages_in_use": w.allocator.used})
         elif cmd["cmd"] == "quit":
             break
+    for t in busy:
+        t.join(timeout=BATCH_TIMEOUT)
     held = w.drain_quarantine()
     body = dict(pages_in_use_after=w.allocator.used, quarantined=held, releases=len(w.releases))
     w.close()
@@ -288,12 +300,12 @@ def _wait_pages_free(prefill: Peer, timeout: float) -> Optional[float]:
     return None
 
 
-def _wait_pages_held(prefill: Peer, timeout: float) -> int:
-    """Pages the prefill holds once it holds any (0 if it never did within ``timeout``)."""
+def _wait_pages_held(peer: Peer, timeout: float) -> int:
+    """Pages ``peer`` holds once it holds any (0 if it never did within ``timeout``)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        prefill.send(cmd="stats")
-        st = prefill.expect("STATS", 5)
+        peer.send(cmd="stats")
+        st = peer.expect("STATS", 5)
         if st is None:
             return 0
         if st["pages_in_use"] > 0:
@@ -333,6 +345,11 @@ def run_pd_case(fault: str, backend: str, n: int) -> Row:
         pre = start("a", "prefill", ["--external-bootstrap"] if boot else [])
         dec = start("b", "decode")
         addr = f"{lab.addr['a']}:{PORT}"
+        # warm-up (not counted): connections, registrations and first-touch page faults, so the
+        # measured batch's throughput is the link's, not the handshake's
+        _fetch(dec, addr, _rooms(WARMUP_ROOM, 4))
+        if dec.expect("RESULT", BATCH_TIMEOUT + WAIT_MARGIN) is None:
+            raise RuntimeError(f"warm-up batch got no answer:\n{dec.tail()}")
         _fetch(dec, addr, _rooms(1, n))
         next_room = n + 1
         if fault in ("clean", "loss_1pct", "rate_200mbit"):
@@ -344,7 +361,7 @@ def run_pd_case(fault: str, backend: str, n: int) -> Row:
                 row.problems.append(f"{row.failed} request(s) failed on a link that only slows down")
         else:
             # inject once the prefill holds pages of this batch (transfers in flight; 1 MiB at 25 MB/s each)
-            inflight = _wait_pages_held(pre, 15)
+            inflight = _wait_pages_held(dec, 15)
             if not inflight:
                 row.problems.append("no transfer was in flight when the fault was due")
             t_fault = time.monotonic()
@@ -408,6 +425,10 @@ def run_pd_case(fault: str, backend: str, n: int) -> Row:
                 row.problems.append(f"{p.role}: serve loop did not stop")
             if done.get("allocator_error"):
                 row.problems.append(f"{p.role} allocator: {done['allocator_error']}")
+            if p is pre and fault == "kill_decode":   # the survivor's view of the dead decode's rooms
+                lost = [r for r in done.get("requests", []) if r["status"] != "Success" and r["room"] <= n]
+                _account(row, {"requests": [dict(r, checksum=None, verified=None, bytes=0) for r in lost]},
+                         "prefill")
             leaked += held
         if row.leaked is not None:
             row.leaked = leaked
@@ -484,18 +505,18 @@ def peer_l3client(a) -> int:
 
 
 def _host_used(c) -> int:
-    """Host-pool pages held by anything but the radix tree (pinned leftovers of failed I/O)."""
-    fn = getattr(c, "leaked_host_pages", None)
-    if fn is not None:
-        return int(fn())
-    return 0
+    """Host-pool pages in use that no tree node owns (leaked by a failed L3 read or write)."""
+    ps = c.hpool.page_size
+    in_use = c.hpool.size // ps - c.hpool.available_size() // ps
+    owned = sum(1 for n in c.nodes.values() if getattr(n, "host", None) is not None)
+    return in_use - owned
 
 
 def run_master_restart(n_rounds: int) -> Row:
     from sglang_hydra.utils.netns import NetLab
     row = Row("master_restart", "mooncake-store")
     with NetLab() as lab:
-        env = dict(PEER_ENV, PYTHONPATH=ROOT)
+        env: Dict[str, str] = {}
 
         def start(side, role, extra=()):
             p = Peer(lab, side, role, "mooncake", list(extra), env=env)
@@ -518,23 +539,32 @@ def run_master_restart(n_rounds: int) -> Row:
             row.corrupt += d.get("verify_mismatch_pages", 0)
             return d
 
+        def used_l3(d):   # wrote pages to L3 and read them back from it, all verified
+            return bool(d) and d.get("storage_write_pages", 0) > 0 and d.get("storage_hit_pages", 0) > 0 \
+                and d.get("verify_mismatch_pages", 0) == 0
+
         for i in range(n_rounds):
             d = round_("before")
-            if d:
-                row.ok += 1
-        master.kill9()
+            if not used_l3(d):
+                row.problems.append(f"round before the fault did not use L3: {d}")
+            row.ok += 1
+        client.send(cmd="round")              # the master dies while this round reads and writes L3
         t0 = time.monotonic()
-        d = round_("master down")          # must answer (misses), quickly, with nothing corrupt
+        master.kill9()
+        r = client.expect("ROUND", 60)
+        if r is None:
+            row.problems.append("the round during the master kill hung")
+        d = round_("master down")              # must answer (misses / skipped writes), nothing corrupt
         row.detect_s = time.monotonic() - t0
         if d is not None:
-            row.failed += 1
-            row.reasons["L3 unavailable (misses)"] = 1
+            row.failed += 2
+            row.reasons["L3 unavailable: misses, writes skipped"] = 2
         master = start("a", "master")
         ok_after = 0
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             d = round_("after restart")
-            if d and d.get("storage_write_pages", 0) > 0 and d.get("prefetch_pages", d.get("storage_hit_pages", 1)):
+            if used_l3(d):
                 ok_after += 1
                 if ok_after >= 2:
                     break
@@ -546,7 +576,12 @@ def run_master_restart(n_rounds: int) -> Row:
 
 
 def run_file_tier(fault: str) -> Row:
-    """HiCache on the file tier: a full disk (small tmpfs) or a page file corrupted on disk."""
+    """HiCache on the file tier: a full disk (a 256 KiB tmpfs) or one page file corrupted on disk.
+
+    Full disk: writes that do not fit fail (counted), HiCache keeps serving from device/host and
+    whatever did reach the disk reads back verified. Corrupt page: serving the same prefix again
+    must turn that page into a miss (recomputed), never into KV accepted from disk.
+    """
     import tempfile
     import warnings
     from sglang_hydra.cache.storage import FileStorage, StorageConfig
@@ -557,7 +592,7 @@ def run_file_tier(fault: str) -> Row:
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", mnt], check=True, timeout=10)
     try:
         warnings.simplefilter("ignore")
-        st = FileStorage(StorageConfig(model_name="fm", extra_config={"storage_dir": mnt}))
+        st = FileStorage(StorageConfig(model_name="fm", extra_config={"file_storage_path": mnt}))
         c = _hicache(st)
         t0 = time.monotonic()
         if fault == "disk_full":
@@ -565,18 +600,18 @@ def run_file_tier(fault: str) -> Row:
                 d = _hicache_round(c, 1000 + 100 * i)
                 row.ok += 1
                 row.corrupt += d.get("verify_mismatch_pages", 0)
-            row.failed = c.stats.get("storage_write_failed_pages", 0)
-            row.reasons["disk full (write skipped)"] = row.failed
+            row.failed = st.stats["set_fail"]
+            row.reasons["disk full: page not written"] = row.failed
             row.detect_s = time.monotonic() - t0
-            free = os.statvfs(mnt)
-            row.recovered = True
-            # the tier keeps answering: what is on disk reads back verified
-            d = _hicache_round(c, 9000)
+            if not row.failed:
+                row.problems.append("the disk never filled up (the case tested nothing)")
+            d = _hicache_round(c, 9000)          # still serving; what reached the disk reads back verified
             row.corrupt += d.get("verify_mismatch_pages", 0)
-            if free.f_bavail * free.f_frsize > 64 * 1024 and row.failed:
-                row.problems.append("writes failed while the disk still had room")
+            row.recovered = st.stats["get_hit"] > 0 and row.corrupt == 0
+            if not st.stats["get_hit"]:
+                row.problems.append("nothing was read back from the file tier")
         else:
-            d = _hicache_round(c, 1000)
+            _hicache_round(c, 1000)
             row.ok += 1
             files = sorted(os.path.join(r, f) for r, _, fs in os.walk(mnt) for f in fs)
             victim = files[0]
@@ -585,13 +620,19 @@ def run_file_tier(fault: str) -> Row:
                 b = f.read(1)
                 f.seek(-1, 1)
                 f.write(bytes([b[0] ^ 0xFF]))
-            d = _hicache_round(c, 1000)     # the same prefix again: the corrupt page must be a miss
+            hits = st.stats["get_hit"]
+            d = _hicache_round(c, 1000)          # the same prefixes again: the corrupt page is a miss
             row.corrupt += d.get("verify_mismatch_pages", 0)
-            row.failed = c.stats.get("storage_corrupt_pages", 0) or d.get("storage_read_failed_pages", 0)
+            row.failed = st.stats["corrupt"]
             row.detect_s = time.monotonic() - t0
-            row.reasons["checksum mismatch on disk (miss)"] = row.failed
+            row.reasons["corrupt page on disk: miss"] = row.failed
+            if row.failed != 1:
+                row.problems.append(f"{row.failed} corrupt page(s) detected, 1 was damaged")
+            from sglang_hydra.cache.storage import check_page_file
+            if os.path.exists(victim) and check_page_file(victim):   # rewritten by write-through is fine
+                row.problems.append("the corrupt page file was left on disk")
             d = _hicache_round(c, 5000)
-            row.recovered = d.get("verify_mismatch_pages", 0) == 0
+            row.recovered = st.stats["get_hit"] > hits and d.get("verify_mismatch_pages", 0) == 0
         c.check_invariants()
         row.leaked = _host_used(c)
         st.close()

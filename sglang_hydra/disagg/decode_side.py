@@ -98,8 +98,25 @@ class DecodeKVManager(KVManagerCore):
 
     # ---------------------------------------------------------------- connection to a prefill
     def _bootstrap_kw(self) -> Dict[str, Any]:
-        return dict(retries=self.env.bootstrap_retries, timeout=self.env.bootstrap_http_timeout,
+        return dict(retries=self._bootstrap_retries(), timeout=self.env.bootstrap_http_timeout,
                     backoff=self.env.bootstrap_backoff, secret=self.bootstrap_secret)
+
+    def _bootstrap_retries(self) -> int:
+        """The configured retries, raised so the retries' backoff spans two heartbeat intervals.
+
+        A bootstrap server that restarted answers 503 until the prefill re-registers, which it
+        does on its next heartbeat tick (``SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL``); giving up
+        sooner would declare a live prefill unreachable (found by the fault matrix).
+        """
+        retries, waited, delay = self.env.bootstrap_retries, 0.0, max(self.env.bootstrap_backoff, 0.01)
+        for _ in range(retries - 1):
+            waited += delay
+            delay = min(delay * 2, 2.0)
+        while waited < 2 * self.env.heartbeat_interval and retries < 64:
+            retries += 1
+            waited += delay
+            delay = min(delay * 2, 2.0)
+        return retries
 
     def _check_compatible(self, addr: str, info: Dict[str, Any]) -> None:
         if int(info["page_size"]) != self.args.page_size:
