@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import queue
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class Peer:
     sock: Any
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False  # set under ``lock`` once the socket is closed; senders must check it
+    gone: Optional[str] = None  # why this decode is known dead (its control port refuses connections)
 
 
 _Peer = Peer   # the name the backends and older tests use
@@ -346,6 +348,9 @@ class PrefillKVManager(KVManagerCore):
         if info is None or peer is None:
             self.fail(room, f"no destination known for room {room}")
             return None
+        if peer.gone:   # an earlier room found this decode dead: do not wait a send timeout per room
+            self.fail(room, f"decode {peer.reg.ip}:{peer.reg.port} is gone ({peer.gone})")
+            return None
         if len(info.dst_pages) != len(job.src_pages):
             reason = (f"page count mismatch for room {room}: prefill sends {len(job.src_pages)}, "
                       f"decode expects {len(info.dst_pages)}")
@@ -394,8 +399,26 @@ class PrefillKVManager(KVManagerCore):
         self._finish(a, rc, reason, settled)
         return True
 
+    @staticmethod
+    def _decode_gone(peer: Peer) -> Optional[str]:
+        """Why ``peer`` is provably dead (its control port refuses connections), or None.
+
+        Checked after a failed transfer only: a decode killed mid-run otherwise costs every one
+        of its queued rooms a full send timeout in turn (found by the fault matrix: 8 rooms x
+        ``SGLANG_HYDRA_DISAGG_PREFILL_SEND_TIMEOUT``). A timeout is not proof (a slow or cut link).
+        """
+        try:
+            with socket.create_connection((peer.reg.ip, int(peer.reg.port)), timeout=0.5):
+                return None
+        except ConnectionRefusedError:
+            return "its control port refuses connections"
+        except OSError:
+            return None
+
     def _finish(self, a: _Active, rc: int, reason: str, settled: bool) -> None:
         room, peer = a.job.room, a.peer
+        if rc != 0 and peer.gone is None:
+            peer.gone = self._decode_gone(peer)
         if rc != 0:
             reason = f"Failed to send kv chunk of {room} to {peer.reg.ip}:{peer.reg.port}: {reason}"
             if self.status.get(room) != KVPoll.Failed:
