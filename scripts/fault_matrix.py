@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -271,7 +272,7 @@ def _account(row: Row, result: Optional[dict], what: str) -> int:
             reason = (r["reason"] or "").strip()
             if not reason:
                 row.problems.append(f"{what}: room {r['room']} failed without a reason")
-            key = reason.split(":")[0][:60] or "?"
+            key = re.sub(r"\d+(\.\d+)*(:\d+)?", "N", reason.split(": ")[0])[:60] or "?"
             row.reasons[key] = row.reasons.get(key, 0) + 1
     row.ok += ok
     row.failed += len(result["requests"]) - ok

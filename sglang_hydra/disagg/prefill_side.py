@@ -270,7 +270,7 @@ class PrefillKVManager(KVManagerCore):
                               block=False)
 
     def _send_frames(self, peer: Optional[Peer], frames: List[bytes], what: str, block: bool = True) -> None:
-        if peer is None:
+        if peer is None or peer.gone:   # nobody is listening: do not wait a send timeout for it
             return
         try:
             with peer.lock:
@@ -389,6 +389,10 @@ class PrefillKVManager(KVManagerCore):
         """Advance one job; True once it has been concluded."""
         room = a.job.room
         if a.handle is None:
+            if a.peer.gone:   # found dead while this room waited: nothing was posted, nothing can land
+                self.fail(room, f"decode {a.peer.reg.ip}:{a.peer.reg.port} is gone ({a.peer.gone})")
+                self._finish(a, -1, f"decode is gone ({a.peer.gone})", settled=True)
+                return True
             if not self._post(a):
                 return True
             a.handle = self.start_transfer(a.peer, room, a.entries)
