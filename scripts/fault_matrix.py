@@ -45,6 +45,7 @@ PAGE_TOKENS = 16
 # 4 layers x K/V x 16 tokens x 4 heads x 64 dims x bf16 = 64 KiB per page; 1024 pages = 64 MiB a side
 GEOMETRY = dict(num_layers=4, head_num=4, head_dim=64, page_size=PAGE_TOKENS, num_pages=1024)
 PAGES_PER_REQUEST = 16     # 1 MiB per request
+PAGE_BYTES = 2 * GEOMETRY["num_layers"] * PAGE_TOKENS * GEOMETRY["head_num"] * GEOMETRY["head_dim"] * 2
 PORT = 18998               # bootstrap port inside namespace a (namespaces have their own port space)
 
 # The reference's own keys (docs/reliability.md explains each value).
@@ -414,6 +415,11 @@ def run_pd_case(fault: str, backend: str, n: int) -> Row:
                     row.problems.append(f"fresh decode leaked or hung: {done}")
         if fault in ("clean", "loss_1pct", "rate_200mbit"):
             row.recovered = row.ok == n
+        # the KV really crossed the veth link (not a same-host shortcut such as UCX's CMA copy)
+        moved = (row.ok + 4) * PAGES_PER_REQUEST * PAGE_BYTES   # + the 4 warm-up requests
+        sent = lab.stats("a").get("tx_bytes", 0)
+        if sent < 0.9 * moved:
+            row.problems.append(f"only {sent} bytes left the prefill's namespace for {moved} bytes of KV moved")
         leaked = 0
         for p in (dec, pre):
             done = p.quit(BATCH_TIMEOUT)
