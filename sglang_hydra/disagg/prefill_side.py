@@ -243,6 +243,10 @@ class PrefillKVManager(KVManagerCore):
         with self._peers_lock:
             peer = self.peers.get(info.session) if info else None
         self._send_status(peer, control.StatusMessage(room, KVPoll.Failed, reason, settled=True))
+        # nothing will run for this room here: forget it as a sender's clear() would
+        self.status.pop(room)
+        self.failure_reasons.pop(room, None)
+        self.transfer_infos.pop(room, None)
 
     def _owns(self, room: int, session: str) -> bool:
         info = self.transfer_infos.get(room)
