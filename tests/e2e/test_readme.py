@@ -65,18 +65,6 @@ class Expect:
 _RESOLVED = r"(?m)^model_path: tiny$"
 # Keyed by the command without its trailing comment and with runs of spaces collapsed (`_key`).
 EXPECTATIONS = {
-    "sglang-hydra job=plan model=llama3_8b hardware=h100_80gb memory=hicache memory.hicache_ratio=2":
-        Expect(stdout=(r"KV memory plan \(mha, 32 layers", r"target h100_80gb: 80 GB GPU",
-                       r"host \[\w+\] [\d,]+ tokens .* sized by hicache_ratio 2 x [\d,]+ device tokens")),
-    "sglang-hydra -m model=llama3_8b hardware=h100_80gb memory=hicache job.trace=conversation job.time_scale=2.5 "
-    "memory.hicache_ratio=1,2,4 memory.radix_eviction_policy=lru,ghost_lru hydra/launcher=joblib "
-    "hydra.launcher.n_jobs=2":
-        Expect(files=("multirun/*/*/summary.csv", "multirun/*/*/summary.png", "multirun/*/*/5/replay.json")),
-    "sglang-hydra -m hydra/sweeper=optuna hydra.sweeper.n_trials=8 model=llama3_8b hardware=h100_80gb "
-    "memory=hicache job.trace=conversation job.time_scale=2.5 'memory.hicache_ratio=interval(1,8)' "
-    "'memory.radix_eviction_policy=choice(lru,lfu,ghost_lru)'":
-        Expect(files=("multirun/*/*/optimization_results.yaml", "multirun/*/*/best_config.yaml",
-                      "multirun/*/*/7/replay.json")),
     "sglang-hydra job=resolve": Expect(stdout=(_RESOLVED, r"(?m)^enable_hierarchical_cache: false$")),
     "sglang-hydra memory=hicache memory.hicache_ratio=3 job=resolve":
         Expect(stdout=(r"(?m)^enable_hierarchical_cache: true$", r"(?m)^hicache_ratio: 3(\.0)?$")),
@@ -93,22 +81,12 @@ EXPECTATIONS = {
                        r"--context-length 32768", r"--enable-metrics")),
     "python -m sglang_hydra --help":
         Expect(stdout=(r"== Config groups ==", r"(?m)^job: .*pd_pair", r"job=replay: ")),
-    "sglang-hydra": Expect(stdout=(r"token hit rate", r"wrote outputs/.*/replay\.json"),
+    "sglang-hydra": Expect(stdout=(r"1 server\(s\) x dp 8 x tp 1 = 8 GPU\(s\)", r"TTFT P50 / P90 / P99",
+                                   r"token hit rate", r"wrote outputs/.*/replay\.json"),
                            files=("outputs/*/*/replay.json",)),
-    "sglang-hydra job=replay job.trace=conversation schedule.page_size=512 schedule.max_total_tokens=2048000 "
-    "memory.radix_eviction_policy=ghost_lru job.format=json":
-        Expect(stdout=(r'"token_hit_rate"',), files=("outputs/*/*/replay.json",)),
-    "sglang-hydra -m job=replay memory.radix_eviction_policy=lru,lfu,slru,ghost_lru "
-    "schedule.max_total_tokens=2048000,8192000 schedule.page_size=512":
-        # (no pareto.png here: on hardware=local TTFT is n/a, so there is no front to draw)
-        Expect(stdout=(r"token_hit_rate=0\.\d+",),
-               files=("multirun/*/*/summary.csv", "multirun/*/*/summary.png", "multirun/*/*/7/replay.json")),
     "sglang-hydra job=setup model=llama3_8b memory=hicache schedule.max_total_tokens=4096 job.verify=true "
     "hardware.host_memory_gb=16":
         Expect(stdout=(r"verify OK: \d+ rounds x \d+ pages", r"host \[\w+\] [\d,]+ tokens")),
-    "sglang-hydra job=replay memory=hicache job.mode=full job.max_requests=100 model=tiny "
-    "schedule.max_total_tokens=65536 schedule.page_size=16 hardware.host_memory_gb=16":
-        Expect(files=("outputs/*/*/replay.json",)),
     "sglang-hydra job=pd_pair model=tiny disagg.disaggregation_transfer_backend=zmq job.requests=200":
         Expect(stdout=(r"backend=zmq requests=200 .*ok=200 failed=0", r"verified ok=200/200",
                        r"requests written to .*pd_pair\.json"), files=("outputs/*/*/pd_pair.json",)),
@@ -119,6 +97,53 @@ EXPECTATIONS = {
         Expect(stdout=(r"(?m)^# prefill .*\n.*sglang\.launch_server .*--disaggregation-mode prefill",
                        r"(?m)^# decode .*\n.*--disaggregation-mode decode",
                        r"(?m)^# router .*\n.*sglang_router\.launch_router --pd-disaggregation")),
+    # the what-if section (job=replay simulates the deployment; every figure needs a target GPU)
+    "sglang-hydra job=plan model=llama3_1_8b hardware=h100_80gb memory=hicache memory.hicache_ratio=2":
+        Expect(stdout=(r"KV memory plan \(mha, 32 layers", r"target h100_80gb: 80 GB GPU",
+                       r"host \[\w+\] [\d,]+ tokens .* sized by hicache_ratio 2 x [\d,]+ device tokens")),
+    "sglang-hydra job=replay model=llama3_1_8b hardware=h100_80gb job.trace=conversation parallel.dp_size=8":
+        Expect(stdout=(r"1 server\(s\) x dp 8 x tp 1 = 8 GPU\(s\)", r"TTFT P50 / P90 / P99", r"TPOT P50 / P90",
+                       r"requests served / rejected +│ +12,031 / 0", r"status +│ +ok"),
+               files=("outputs/*/*/replay.json",)),
+    "sglang-hydra -m job=replay model=llama3_1_8b hardware=h100_80gb parallel.dp_size=1,2,4,8 "
+    "parallel.load_balance_method=round_robin,total_tokens":
+        Expect(files=("multirun/*/*/summary.csv", "multirun/*/*/summary.png", "multirun/*/*/7/replay.json")),
+    "sglang-hydra job=replay model=llama3_1_8b hardware=h100_80gb deploy.workers=4 deploy.router_policy=cache_aware":
+        Expect(stdout=(r"4 server\(s\) x dp 1 x tp 1 = 4 GPU\(s\), router cache_aware", r"TTFT P50 / P90 / P99"),
+               files=("outputs/*/*/replay.json",)),
+    "sglang-hydra -m model=llama3_1_8b hardware=h100_80gb memory=hicache job.trace=conversation parallel.dp_size=8 "
+    "memory.hicache_ratio=1,2,4 memory.radix_eviction_policy=lru,ghost_lru hydra/launcher=joblib "
+    "hydra.launcher.n_jobs=2":
+        Expect(files=("multirun/*/*/summary.csv", "multirun/*/*/summary.png", "multirun/*/*/pareto.png",
+                      "multirun/*/*/best_config.yaml", "multirun/*/*/5/replay.json")),
+    "sglang-hydra -m hydra/sweeper=optuna hydra.sweeper.n_trials=8 model=llama3_1_8b hardware=h100_80gb "
+    "memory=hicache job.trace=conversation parallel.dp_size=8 'memory.hicache_ratio=interval(1,8)' "
+    "'memory.radix_eviction_policy=choice(lru,lfu,ghost_lru)'":
+        Expect(files=("multirun/*/*/optimization_results.yaml", "multirun/*/*/best_config.yaml",
+                      "multirun/*/*/7/replay.json")),
+    "sglang-hydra job=replay model=llama3_1_8b hardware=h100_80gb job.trace=conversation schedule.page_size=512 "
+    "schedule.max_total_tokens=2048000 memory.radix_eviction_policy=ghost_lru job.format=json":
+        Expect(stdout=(r'"schema_version": 2', r'"token_hit_rate"', r'"ttft_p90_ms"', r'"tpot_p90_ms"'),
+               files=("outputs/*/*/replay.json",)),
+    "sglang-hydra -m job=replay model=llama3_1_8b hardware=h100_80gb memory.radix_eviction_policy=lru,lfu,slru,ghost_lru "
+    "schedule.max_total_tokens=2048000,8192000 schedule.page_size=512":
+        Expect(files=("multirun/*/*/summary.csv", "multirun/*/*/summary.png", "multirun/*/*/failed.csv",
+                      "multirun/*/*/7/replay.json")),
+    "sglang-hydra job=replay memory=hicache job.mode=full job.max_requests=100 model=tiny "
+    "schedule.max_total_tokens=65536 schedule.page_size=16 model.context_length=131072 hardware=h100_80gb "
+    "hardware.host_memory_gb=16":
+        Expect(stdout=(r"TTFT P50 / P90 / P99",), files=("outputs/*/*/replay.json",)),
+    # job=estimate: one static batch
+    "sglang-hydra job=estimate model=llama3_1_8b hardware=h100_80gb parallel.tp_size=2 job.isl=4096 job.osl=512 "
+    "job.batch_size=64 job.prefix=1024":
+        Expect(stdout=(r"(?m)^  ttft_ms +\d+\.\d+", r"(?m)^  tpot_ms +\d+\.\d+", r"(?m)^  tokens_per_s_per_gpu +\d",
+                       r"memory per GPU: weights .* fits")),
+    "sglang-hydra job=estimate model=llama3_1_70b hardware=h200_141gb --tp 8 job.isl=8192 job.osl=256 "
+    "job.format=json":
+        Expect(stdout=(r'"ttft_ms": \d', r'"tpot_ms": \d', r'"tokens_per_s_per_user": \d', r'"fits": true')),
+    "sglang-hydra -m job=estimate model=qwen3_32b hardware=h100_80gb parallel.tp_size=1,2,4 "
+    "job.batch_size=1,16,64,256":
+        Expect(files=("multirun/*/*/summary.csv", "multirun/*/*/11/metrics.json")),
 }
 
 
