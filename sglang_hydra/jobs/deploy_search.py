@@ -36,8 +36,6 @@ PERCENTILES = (50, 90, 99)
 MODELLED_ROUTER_POLICIES = tuple(p for p in ROUTER_POLICIES if p != "manual")
 _RATE_STEPS = 14                   # bisection steps of the rate search (2^-14 relative precision at most)
 _RATE_TOLERANCE = 0.02             # stop once the bracket is this tight (relative)
-DEFAULT_CHUNK_TOKENS = 8192        # SGLang's chunked_prefill_size on 80 GB-class GPUs when unset
-DEFAULT_MAX_RUNNING = 1024         # when max_running_requests is unset: the KV pool is what limits
 
 
 # --------------------------------------------------------------------------- candidates
@@ -209,12 +207,15 @@ class _Engines:
 
     def engine(self, tp: int, ratio: float, policy: str, *, radix: bool = True, chunk: Optional[int] = None
                ) -> EngineModel:
+        from ..workload.assemble import default_chunk_tokens, default_max_running
         device, host, per_token = self.pool(tp, ratio)
         rec = self.record
+        # the same defaults as job=replay's simulation: SGLang's chunk for the GPU's memory, and a
+        # request table bounded by half the pool (at most 4096) when max_running_requests is unset
+        chunk_tokens = chunk or default_chunk_tokens(rec, self.hardware) or 1 << 30
         return EngineModel(tp=tp, step_s=self.pass_model(tp).step_s, kv_tokens=device, host_tokens=host if radix else 0,
                            kv_bytes_per_token_rank=per_token, h2d_bytes_per_s=float(self.hardware.h2d_gbps) * 1e9,
-                           chunk_tokens=int(chunk or rec.chunked_prefill_size or DEFAULT_CHUNK_TOKENS),
-                           max_running=int(rec.max_running_requests or DEFAULT_MAX_RUNNING),
+                           chunk_tokens=int(chunk_tokens), max_running=default_max_running(rec, device),
                            radix=radix and not rec.disable_radix_cache, eviction_policy=policy,
                            mixed_chunk=bool(rec.enable_mixed_chunk))
 
