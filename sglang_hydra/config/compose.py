@@ -527,18 +527,7 @@ def _job_values(job_name: str, job_settings, problems: List[Problem]) -> Dict[st
     for k, v in groups.items():
         out[k] = dataclasses.asdict(v)
     for k, v, src in job_settings:
-        head, dot, rest = k.partition(".")
-        if dot and head in groups:
-            sub_types = {f.name: f.type for f in dc_fields(groups[head])}
-            if rest not in sub_types:
-                problems.append(Problem(f"job.{k}", None, f"job '{job_name}' has no setting '{k}'; "
-                                        f"{head} has: {', '.join(f'{head}.{n}' for n in sub_types)}", src))
-                continue
-            v, err = _coerce_job(sub_types[rest], v)
-            if err:
-                problems.append(Problem(f"job.{k}", None, err, src))
-                continue
-            out[head] = dict(out[head], **{rest: v})
+        if _nested_job_setting(job_name, cls, out, k, v, src, problems):
             continue
         if k not in out or k == "name":
             problems.append(Problem(f"job.{k}", None, f"job '{job_name}' has no setting '{k}'{did_you_mean(k, [n for n in out if n != 'name'])}", src))
@@ -551,6 +540,41 @@ def _job_values(job_name: str, job_settings, problems: List[Problem]) -> Dict[st
             continue
         out[k] = v
     return out
+
+
+def _nested_job_setting(job_name: str, cls: type, out: Dict[str, Any], key: str, value: Any, src: str,
+                        problems: List[Problem]) -> bool:
+    """``job.<group>.<field>=...`` (or a ``job: {<group>: {...}}`` mapping in a --config file) for a job
+    setting that is itself a dataclass (``job.sla.ttft_ms``); True when ``key`` was such a setting.
+    The job then receives the group as a plain dict."""
+    import dataclasses
+    import typing
+
+    head, dot, rest = key.partition(".")
+    hints = typing.get_type_hints(cls)
+    sub = hints.get(head)
+    if not (isinstance(sub, type) and dataclasses.is_dataclass(sub)):
+        return False
+    if not dot and not isinstance(value, dict):
+        problems.append(Problem(f"job.{head}", None, f"is a group of settings ({', '.join(f.name for f in dc_fields(sub))}); "
+                                f"set job.{head}.<setting>=...", src))
+        return True
+    current = out.get(head)
+    group = dict(dataclasses.asdict(current) if dataclasses.is_dataclass(current) else (current or {}))
+    sub_hints = typing.get_type_hints(sub)
+    items = [(rest, value)] if dot else [(str(k), v) for k, v in value.items()]
+    for name, v in items:
+        if name not in sub_hints:
+            problems.append(Problem(f"job.{head}.{name}", None, f"job '{job_name}' has no setting '{head}.{name}'"
+                                    f"{did_you_mean(name, list(sub_hints))}; job.{head} has: {', '.join(sub_hints)}", src))
+            continue
+        v, err = _coerce_job(sub_hints[name], v)
+        if err:
+            problems.append(Problem(f"job.{head}.{name}", None, err, src))
+            continue
+        group[name] = v
+    out[head] = group
+    return True
 
 
 def _coerce_job(tp: Any, v: Any):

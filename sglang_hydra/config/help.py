@@ -66,12 +66,33 @@ JOB_FIELD_HELP = {
     "repeats": "How many times each measurement is repeated (the median is kept).",
     "server_module": "The Python module that starts one server (run as python -m MODULE).",
     "router_module": "The Python module that starts the router in front of several servers.",
-    "search.modes": "Deployment kinds to enumerate: agg (aggregated servers, replicas x TP) and disagg "
-                    "(prefill and decode workers, TP per side).",
-    "search.router_policies": "sglang-router policies to try in front of several servers (random, round_robin, "
-                              "cache_aware, power_of_two).",
     "pd_pair.requests": "How many requests to transfer.",
     "pd_pair.verify": "Check that every transferred page arrived intact.",
+    # job=deploy_search
+    "deploy_search.time_scale": "Arrival times x this (0.5: the trace at twice its request rate).",
+    "deploy_search.arrival": "spread: each request at a seeded random time within its trace tick (the default); "
+                             "as_is: the stored timestamps (a steady synthetic trace); poisson: exponential gaps.",
+    "sla.ttft_ms": "Time-to-first-token bound in ms.",
+    "sla.tpot_ms": "Time-per-output-token bound in ms (after the first token).",
+    "deploy_search.sla.ttft_ms": "Time-to-first-token bound in ms (required).",
+    "deploy_search.sla.tpot_ms": "Time-per-output-token bound in ms (required).",
+    "sla.percentile": "The bounds hold for this percentile of the requests (nearest rank): 50, 90 or 99.",
+    "search.modes": "agg: replicas behind the router; disagg: prefill and decode pools (xPyD).",
+    "search.tp": "Tensor-parallel sizes tried for each server (each side of disagg on its own).",
+    "search.hicache_ratio": "HiCache host-tier sizes tried (x the device pool; 0: no host tier).",
+    "search.policies": "Radix-cache eviction policies tried (memory.radix_eviction_policy).",
+    "search.router_policies": "sglang-router policies tried when a pool has several servers.",
+    "search.chunked_prefill_size": "Prefill chunk sizes tried for aggregated servers (null: the record's "
+                                   "schedule.chunked_prefill_size); with schedule.enable_mixed_chunk=true a smaller "
+                                   "chunk trades TTFT for TPOT.",
+    "search.all_gpus": "Only deployments that use every GPU of deploy.total_gpus (as aiconfigurator's cli "
+                       "default does); otherwise smaller ones compete per GPU too.",
+    "rate_search": "Per deployment, find the highest request rate (scaling the trace's arrival times) that "
+                   "still meets the SLA and rank by output tokens/s per GPU there.",
+    "processes": "Worker processes that evaluate deployments (results do not depend on it).",
+    "top": "How many deployments the table prints (summary.csv has them all).",
+    "deploy_search.output_dir": "Write summary.csv, pareto.png, best_deploy.yaml and deploy_search.json here "
+                                "(a directory that holds no earlier search); unset: outputs/<date>/<time>/.",
 }
 
 

@@ -48,7 +48,7 @@ class ChildPlan:
 def plan_children(dep: Deployment, job: dict) -> List[ChildPlan]:
     """The command lines, in start order: the servers, then (pd) the router."""
     python = job.get("python") or sys.executable
-    out = [ChildPlan(s.role, (python, "-m", job.get("server_module") or "sglang.launch_server",
+    out = [ChildPlan(s.name, (python, "-m", job.get("server_module") or "sglang.launch_server",
                               *shlex.split(render(s.record, "argv"))), f"{s.url}/health")
            for s in dep.servers]
     if dep.router is not None:
@@ -178,7 +178,7 @@ def _checkpoint_problems(dep: Deployment) -> List[Problem]:
                     f"{s.role}: {s.record.model_path!r} is a built-in test geometry with no checkpoint, so SGLang "
                     f"cannot load it; pass --model-path <Hugging Face id or checkpoint directory>, or select a "
                     f"model preset that names one (model={'|'.join(real)})", "launch")
-            for s in dep.servers if s.record.model_path in geometry_only]
+            for s in dep.servers if s.record.model_path in geometry_only and not s.index]
 
 
 def _policy_problems(dep: Deployment, job: dict) -> List[Problem]:

@@ -28,14 +28,14 @@ def render(record, fmt: str) -> str:
 
 
 def render_deployment(dep, fmt: str) -> str:
-    """A PD deployment: both records (yaml/json) or each side's flags and the router's (argv)."""
+    """A deployment: every server's record (yaml/json) or its flags, and the router's (argv)."""
     from ..config.deploy import router_argv
 
     if fmt == "argv":
         import shlex
-        lines = [f"{s.role}: {render(s.record, 'argv')}" for s in dep.servers]
+        lines = [f"{s.name}: {render(s.record, 'argv')}" for s in dep.servers]
         return "\n".join(lines + [f"router: {shlex.join(router_argv(dep))}"]) + "\n"
-    data = {"deploy": dep.name, **{s.role: settings_of(s.record) for s in dep.servers}}
+    data = {"deploy": dep.name, **{s.name: settings_of(s.record) for s in dep.servers}}
     if dep.router is not None:
         r = dep.router
         data["router"] = {"host": r.host, "port": r.port, "prometheus_port": r.prometheus_port,
@@ -60,7 +60,7 @@ def engine_verdict(target, python):
     if not isinstance(target, Deployment):
         return check_with_engine(target, python)
     problems, notes = [], []
-    for i, server in enumerate(target.servers):
+    for i, server in enumerate(s for s in target.servers if not s.index):   # one server per role is enough
         side_problems, side_notes = check_with_engine(server.record, python, drift_check=(i == 0))
         if any(p.key == "job.check" for p in side_problems):       # no usable engine: nothing to say per side
             return side_problems, side_notes

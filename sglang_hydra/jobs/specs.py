@@ -8,7 +8,7 @@ every job's settings with the config layer (``config.registry``), which composes
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from ..config.registry import register_job_schema
 
@@ -118,6 +118,47 @@ class CalibrateJob:
     format: str = "table"                # table | json
 
 
+# ---- job=deploy_search (the deployment search; sglang_hydra/jobs/deploy_search.py) ----
+@dataclass
+class SearchSlaSettings:
+    """The service level a deployment must hold (job.sla.*)."""
+
+    ttft_ms: Optional[float] = None      # time to first token bound, ms
+    tpot_ms: Optional[float] = None      # time per output token bound, ms
+    percentile: int = 90                 # the bounds hold for this percentile of the requests
+
+
+@dataclass
+class DeploySearchSpace:
+    """What the deployment search enumerates (job.search.*)."""
+
+    modes: List[str] = field(default_factory=lambda: ["agg", "disagg"])
+    tp: List[int] = field(default_factory=lambda: [1, 2, 4, 8])        # TP sizes per server
+    hicache_ratio: List[float] = field(default_factory=lambda: [0.0])  # 0: no HiCache host tier
+    policies: List[str] = field(default_factory=lambda: ["lru"])       # radix eviction policies
+    router_policies: List[str] = field(default_factory=lambda: ["cache_aware"])
+    chunked_prefill_size: List[Optional[int]] = field(default_factory=lambda: [None])   # agg; None: the record's
+    all_gpus: bool = False               # only deployments that use every GPU of deploy.total_gpus
+
+
+@dataclass
+class DeploySearchJob:
+    """Rank every deployment that fits deploy.total_gpus by SLA goodput per GPU on a trace."""
+
+    name: str = "deploy_search"
+    trace: Optional[str] = None          # Mooncake JSONL or a bundled name; unset: the bundled sample
+    max_requests: Optional[int] = None
+    time_scale: float = 1.0              # arrival times x this
+    arrival: str = "spread"              # spread | as_is | poisson: as job=replay (docs/whatif.md)
+    sla: SearchSlaSettings = field(default_factory=SearchSlaSettings)
+    search: DeploySearchSpace = field(default_factory=DeploySearchSpace)
+    rate_search: bool = False            # per deployment, the highest request rate that meets the SLA
+    processes: int = 2                   # worker processes evaluating deployments
+    top: int = 20                        # table rows printed
+    format: str = "table"                # table | json
+    output_dir: Optional[str] = None     # where the outputs go (unset: outputs/<date>/<time>/)
+
+
 #: what job.objective may name, and which way is better (one table: config/objectives.py)
 from ..config.objectives import OBJECTIVES  # noqa: E402
 
@@ -165,6 +206,8 @@ JOB_SPECS: Dict[str, JobSpec] = {
     "pd_pair": JobSpec(PdPairJob, "sglang_hydra.jobs.pd:run_pair", {"format": ("table", "json")}),
     "launch": JobSpec(LaunchJob, "sglang_hydra.jobs.launch:run"),
     "plan": JobSpec(PlanJob, "sglang_hydra.jobs.plan:run", {"format": ("table", "json")}),
+    "deploy_search": JobSpec(DeploySearchJob, "sglang_hydra.jobs.deploy_search:run", {
+        "format": ("table", "json"), "arrival": ("spread", "as_is", "poisson")}),
     "estimate": JobSpec(EstimateJob, "sglang_hydra.jobs.estimate:run", {"format": ("table", "json")}),
 }
 

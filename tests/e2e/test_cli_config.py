@@ -82,7 +82,7 @@ def test_hydra_flags(tmp_path):
     assert r.returncode == 0
     assert "memory.hicache_ratio=None  [--hicache-ratio]" in r.stdout
     assert "disagg.disaggregation_mode='null'  [--disaggregation-mode]" in r.stdout
-    assert "deploy: pd, single" in r.stdout and "job: calibrate, estimate, launch, pd, pd_pair" in r.stdout
+    assert "deploy: pd, single" in r.stdout and "job: calibrate, deploy_search, estimate, launch, pd, pd_pair" in r.stdout
     # The page is printed without Hydra (which took ~10 s over it), whatever else is on the line.
     for extra in (["deploy=pd", "job=launch"], ["-m", "parallel.tp_size=1,2"], ["-h"]):
         again = run(*extra, "--help", cwd=tmp_path)

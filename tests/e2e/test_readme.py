@@ -51,7 +51,8 @@ SETUP_COMMANDS = (
 # Commands that take more than a few seconds on a 2-core machine (a sweep, real allocations,
 # real byte movement, two processes): still run, but marked so `-m "not slow"` can leave them out.
 SLOW_PATTERNS = (r"^sglang-hydra -m job=replay", r"model=llama3_8b", r"job\.mode=full", r"job=pd_pair",
-                 r"job\.trace=conversation", r"hydra/sweeper=optuna", r"deploy=pd")
+                 r"job\.trace=conversation", r"hydra/sweeper=optuna", r"deploy=pd",
+                 r"outputs/search8/best_deploy\.yaml")   # launches what the (slow) search before it wrote
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,11 @@ def test_help_lists_job_keys_and_config_file_and_version(tmp_path):
     for name, spec in JOB_SPECS.items():
         assert f"job={name}:" in r.stdout
         for f in dataclasses.fields(spec.config_cls):
-            if f.name != "name":
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if dataclasses.is_dataclass(default):          # a group (job.sla.*): each of its keys
+                for sub in dataclasses.fields(default):
+                    assert f"  job.{f.name}.{sub.name}=" in r.stdout, (name, f.name, sub.name)
+            elif f.name != "name":
                 assert f"  job.{f.name}=" in r.stdout, (name, f.name)
     words = " ".join(r.stdout.split())
     assert "Choices: fail, skip." in words and "job.trace=None" in r.stdout

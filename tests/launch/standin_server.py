@@ -114,7 +114,7 @@ def main(argv=None) -> int:
                 body = json.loads(raw or b"{}")
             except ValueError:
                 body = {"raw": raw.decode("latin-1")}
-            rec.write(event="request", path=self.path, body=body)
+            rec.write(event="request", path=self.path, body=body, port=args.port)
             self._reply(200, {"text": f"from {role}", "role": role,
                               "meta_info": {"id": "standin", "finish_reason": {"type": "stop"},
                                             "prompt_tokens": 1, "completion_tokens": 1}})

@@ -118,7 +118,7 @@ def test_bad_deploy_input():
     assert "need deploy=pd" in problems("deploy=single", "prefill.parallel.tp_size=2")[0]
     assert "not a value" in problems("deploy=pd", "prefill=big")[0]
     assert "whole deployment" in problems("deploy=pd", "prefill.job.format=json")[0]
-    assert "job=replay works on one record" in problems("deploy=pd", "job=replay")[0]
+    assert "job=setup works on one record" in problems("deploy=pd", "job=setup")[0]
     assert "Hydra's runtime" in problems("deploy=pd", "-m", "schedule.page_size=16,32")[0]
 
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from sglang_hydra.config.deploy import (ROUTER_POLICIES, DeploySettings, compose_deployment, deploy_settings_problems,
-                                        deployment_request)
+                                        deployment_request, listening_ports, router_argv)
 from sglang_hydra.config.errors import ConfigError
 
 from .conftest import router_installed
@@ -75,3 +75,73 @@ def test_within_the_budget_composes():
                  ("deploy=pd", "deploy.prefill_workers=3", "deploy.decode_workers=1", "decode.parallel.tp_size=4",
                   "deploy.total_gpus=8")):
         compose_deployment(deployment_request(list(argv)))
+
+
+# ---------------------------------------------------------------- several servers: layout
+ON_GPUS = "device.device=cuda"
+
+
+def compose(*argv):
+    return compose_deployment(deployment_request(list(argv)))[0]
+
+
+def test_aggregated_workers_get_their_own_ports_and_gpus_and_a_regular_mode_router():
+    dep = compose("deploy.workers=4", "parallel.tp_size=2", ON_GPUS, "hardware=h100_80gb", "deploy.router_policy=cache_aware")
+    assert [s.name for s in dep.servers] == ["server0", "server1", "server2", "server3"]
+    assert [s.record.port for s in dep.servers] == [30000, 30001, 30002, 30003]
+    assert [s.record.base_gpu_id for s in dep.servers] == [0, 2, 4, 6]
+    assert router_argv(dep) == ["--worker-urls", *(f"http://127.0.0.1:{p}" for p in range(30000, 30004)),
+                                "--host", "127.0.0.1", "--port", "8000", "--prometheus-host", "127.0.0.1",
+                                "--prometheus-port", "29000", "--policy", "cache_aware"]
+    assert dep.settings.workers == 4
+
+
+def test_xpyd_lays_out_every_server_bootstrap_port_and_gpu():
+    dep = compose("deploy=pd", "deploy.prefill_workers=3", "deploy.decode_workers=2", "decode.parallel.tp_size=2",
+                  ON_GPUS, "hardware=h100_80gb", "prefill.serving.port=31000")
+    assert [s.name for s in dep.servers] == ["prefill0", "prefill1", "prefill2", "decode0", "decode1"]
+    assert [s.record.port for s in dep.servers] == [31000, 31001, 31002, 31003, 31004]
+    assert [s.record.base_gpu_id for s in dep.servers] == [0, 1, 2, 3, 5]
+    boots = [s.record.disaggregation_bootstrap_port for s in dep.of_role("prefill")]
+    assert boots == [8998, 8999, 9000]
+    argv = router_argv(dep)
+    assert argv[:10] == ["--pd-disaggregation", "--prefill", "http://127.0.0.1:31000", "8998",
+                         "--prefill", "http://127.0.0.1:31001", "8999", "--prefill", "http://127.0.0.1:31002", "9000"]
+    assert argv[10:14] == ["--decode", "http://127.0.0.1:31003", "--decode", "http://127.0.0.1:31004"]
+    bound = [(h, p) for _label, h, p in listening_ports(dep)]
+    assert len(bound) == len(set(bound))                      # nothing bound twice
+    assert any("prefill2's port" in label for label, _h, _p in listening_ports(dep))
+
+
+def test_a_written_gpu_of_a_later_server_may_not_overlap_and_the_layout_stays_on_one_node():
+    (p,) = problems("deploy=pd", "deploy.prefill_workers=2", ON_GPUS, "decode.device.base_gpu_id=1")
+    assert p.startswith("decode.device.base_gpu_id (--base-gpu-id): decode GPUs [1] overlap") and "prefill1" in p
+    (p,) = problems("deploy.workers=3", "parallel.tp_size=4", ON_GPUS, "hardware=h100_80gb", "deploy.total_gpus=12")
+    assert p.startswith("hardware.gpus_per_node: server2 would use GPU 11") and "covers one node" in p
+
+
+def test_dry_run_prints_every_server_and_the_router(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "sglang_hydra", "deploy=pd", "deploy.prefill_workers=2", ON_GPUS,
+                        "model=llama3_8b", "job=launch", "job.dry_run=true", "job.python=/opt/py"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [line for line in lines if line.startswith("#")] == [
+        "# prefill0 (health: http://127.0.0.1:30000/health)", "# prefill1 (health: http://127.0.0.1:30001/health)",
+        "# decode (health: http://127.0.0.1:30002/health)", "# router (health: http://127.0.0.1:8000/health)"]
+    assert lines[3].endswith("--base-gpu-id 1 --port 30001 --disaggregation-mode prefill "
+                             "--disaggregation-bootstrap-port 8999")
+    assert "--prefill http://127.0.0.1:30001 8999 --decode http://127.0.0.1:30002" in lines[7]
+
+
+def test_an_xpyd_deployment_runs_under_job_replay(tmp_path):
+    """The issue's first command: job=replay on deploy=pd with several prefill servers (the simulation
+    takes both records; the counts come with the job's context)."""
+    import json
+    r = subprocess.run([sys.executable, "-m", "sglang_hydra", "job=replay", "deploy=pd", "deploy.prefill_workers=2",
+                        "decode.parallel.tp_size=2", "model=llama3_1_8b", "hardware=h100_80gb", "job.max_requests=50",
+                        "job.format=json", "job.progress=false"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    dep = json.loads(r.stdout)["deployment"]
+    assert (dep["deploy_mode"], dep["prefill_servers"], dep["decode_tp_size"], dep["gpus"]) == ("disagg", 2, 2, 4)

@@ -17,7 +17,7 @@ layouts), :mod:`.assemble` (composing and checking it all).  Every name is re-ex
 ``from sglang_hydra.config.deploy import ...`` reads as it did when this was one module.
 """
 
-from .model import (SIDES, DEFAULT_DEPLOY, DEPLOYMENT_JOBS, _SOURCE, _WILDCARD_HOSTS, DeploySettings,
+from .model import (SIDES, DEFAULT_DEPLOY, DEPLOYMENT_JOBS, PLANNING_JOBS, _SOURCE, _WILDCARD_HOSTS, DeploySettings,
                     ROUTER_POLICIES, WORKER_KEYS, deploy_settings_problems, _ROUTER_MANAGED, _managed_router_flags, Router, Server, Deployment,
                     connect_host, as_deployment, router_argv, _Side)  # noqa: F401
 from .request import (_TOKEN, _HELP_FLAGS, DeployRequest, deployment_request, _free_tokens, _deploy_token,

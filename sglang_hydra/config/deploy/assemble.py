@@ -11,7 +11,7 @@ from ..errors import ConfigError, Problem, did_you_mean, problem_for
 from ..legacy import Setting
 from ..record import ServerArgs
 from .gpus import _lay_out_gpus, gpu_budget_problems
-from .model import (WORKER_KEYS, deploy_settings_problems, DEFAULT_DEPLOY, DEPLOYMENT_JOBS, ROUTER_POLICIES, SIDES, _SOURCE, Deployment, DeploySettings,
+from .model import (PLANNING_JOBS, SIMULATING_JOBS, WORKER_KEYS, deploy_settings_problems, DEFAULT_DEPLOY, DEPLOYMENT_JOBS, ROUTER_POLICIES, SIDES, _SOURCE, Deployment, DeploySettings,
                     Router, Server, _managed_router_flags, _Side)
 from .ports import _lay_out_ports
 from .request import DeployRequest
@@ -62,7 +62,8 @@ def _deploy_settings(req: DeployRequest, problems: List[Problem]) -> Tuple[Deplo
     problems += [Problem(key, None, message, "deploy")
                  for key, message in deploy_settings_problems(out, sorted(explicit))
                  if key.partition(".")[2] not in ("router_policy",) and key.partition(".")[2] in WORKER_KEYS]
-    if not out.has_router:
+    planning = any(str(t) in {f"job={j}" for j in PLANNING_JOBS} for t in req.shared_argv)
+    if not out.has_router and not planning:      # a search chooses the server counts itself
         for k in sorted(explicit):
             if k.startswith("router"):
                 problems.append(Problem(f"deploy.{k}", None, f"the router only runs with deploy=pd or with "
@@ -221,12 +222,21 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
         problems.append(Problem("deploy", None, f"{what}: a deployment runs without Hydra's runtime (no -m sweeps, "
                                 "Hydra flags or hydra.* settings); run one record at a time for those", "deploy"))
     if settings.name != "pd":
+        if settings.workers > 1:           # several servers: a deployment, resolved unless a job is named
+            first.cmd.choices.setdefault("job", "resolve")
         record, composed, probs = _compose(first, (), env)
         if record is not None:
             probs += _budget(settings, [("deploy.workers", settings.workers, record)], composed)
         if problems or probs:
             raise ConfigError(problems + probs)
-        return record, composed.job_name, composed.job
+        if composed.job_name in PLANNING_JOBS and settings.workers == 1:     # it needs the deploy keys
+            return (Deployment(settings.name, (Server("server", record),), None, settings, composed.hardware),
+                    composed.job_name, composed.job)
+        if settings.workers == 1 or composed.job_name not in DEPLOYMENT_JOBS:
+            # one server, or a job that works on the record and reads the deploy keys from its context
+            # (job=replay simulates deploy.workers servers itself)
+            return record, composed.job_name, composed.job
+        return _aggregated(first, record, composed, settings, explicit_deploy, env)
 
     for s in sides:
         s.cmd.choices.setdefault("job", "resolve")
@@ -259,18 +269,22 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
     # every check that can run on what composed goes on, so one run reports all it can
     job_name = str(first.cmd.choices.get("job"))
     from ..presets import group_options
-    if job_name not in DEPLOYMENT_JOBS and job_name in group_options("job"):
+    if job_name not in DEPLOYMENT_JOBS + SIMULATING_JOBS and job_name in group_options("job"):
         problems.append(Problem("job", None, f"job={job_name} works on one record, not a deployment; deploy=pd "
-                                f"supports job={' and job='.join(DEPLOYMENT_JOBS)}", "deploy"))
+                                f"supports job={', job='.join(DEPLOYMENT_JOBS + SIMULATING_JOBS)}", "deploy"))
     records = {role: rec for role, (rec, _c, _p) in first_pass.items()}
     if all(records.values()):
         problems += _budget(settings, [("deploy.prefill_workers", settings.prefill_workers, records["prefill"]),
                                        ("deploy.decode_workers", settings.decode_workers, records["decode"])],
                             first_pass["prefill"][1])
     by_role = {s.role: s for s in sides}
+    counts = {"prefill": settings.prefill_workers, "decode": settings.decode_workers}
+    node_gpus = getattr(getattr(first_pass["prefill"][1], "hardware", None), "gpus_per_node", None)
     if all(records.values()):
-        assigned, router_ports = _lay_out_ports(records, by_role, settings, explicit_deploy, problems)
-        assigned["decode"].update(_lay_out_gpus(records, by_role, problems))
+        workers = _workers(counts, records)
+        assigned, router_ports = _lay_out_ports(workers, by_role, settings, explicit_deploy, problems)
+        for name, values in _lay_out_gpus(workers, by_role, problems, node_gpus).items():
+            assigned[name].update(values)
         problems += cross_side_problems(records["prefill"], records["decode"])
     else:       # a side failed: check the rest on a stand-in without the settings that failed
         stand_in, dropped = {}, set()
@@ -279,32 +293,70 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
             dropped |= {f"{s.role}.{name}" for name in gone}
         if all(stand_in.values()):
             port_problems: List[Problem] = []
-            _lay_out_ports(stand_in, by_role, settings, explicit_deploy, port_problems)
+            _lay_out_ports(_workers(counts, stand_in), by_role, settings, explicit_deploy, port_problems)
             problems += [p for p in port_problems if not _mentions(p, dropped)]
             problems += [p for p in cross_side_problems(stand_in["prefill"], stand_in["decode"])
                          if not any(d.endswith("." + _field_of(p.key)) for d in dropped)]
     if problems:
         raise ConfigError(_dedupe(problems))
 
-    # pass 2: the same commands with the ports laid out
-    final: Dict[str, ServerArgs] = {}
+    # pass 2: the same commands with the ports laid out, once per server
+    servers: List[Server] = []
     composed_job = None
-    for s in sides:
-        extra = [Setting("disaggregation_mode", s.role, _SOURCE)]
-        extra += [Setting(name, value, f"{_SOURCE} (assigned)") for name, value in assigned[s.role].items()]
-        rec, composed, probs = _compose(s, extra, env)
-        problems += [Problem(f"{s.role}.{p.key}", p.flag, p.message, p.source) for p in probs]
+    for name, role, _rec, index in workers:
+        s = by_role[role]
+        extra = [Setting("disaggregation_mode", role, _SOURCE)]
+        extra += [Setting(field, value, f"{_SOURCE} (assigned)") for field, value in assigned[name].items()]
+        rec, composed, probs = _compose(s, extra, env, quiet=index > 0)
+        problems += [Problem(f"{role}.{p.key}", p.flag, p.message, p.source) for p in probs]
         if rec is not None:
-            final[s.role] = rec
+            servers.append(Server(role, rec, index if counts[role] > 1 else None))
             composed_job = composed_job or composed
-    if not problems:
-        problems += cross_side_problems(final["prefill"], final["decode"])
+    if problems:
+        raise ConfigError(_dedupe(problems))
+    final = {s.role: s.record for s in servers if not s.index}
+    problems += cross_side_problems(final["prefill"], final["decode"])
     if problems:
         raise ConfigError(problems)
     router = Router(settings.router_host, router_ports[0], router_ports[1], settings.router_policy,
                     tuple(settings.router_extra_args))
-    dep = Deployment("pd", (Server("prefill", final["prefill"]), Server("decode", final["decode"])), router)
+    dep = Deployment("pd", tuple(servers), router, settings)
     return dep, composed_job.job_name, composed_job.job
+
+
+def _aggregated(side: _Side, record: ServerArgs, composed, settings: DeploySettings, explicit_deploy: set,
+                env) -> Tuple[Deployment, str, Dict[str, Any]]:
+    """``deploy.workers`` N copies of one record behind the router's regular mode, each with its own
+    port and GPUs."""
+    problems: List[Problem] = []
+    if composed.job_name not in DEPLOYMENT_JOBS:
+        problems.append(Problem("job", None, f"job={composed.job_name} works on one record, not deploy.workers="
+                                f"{settings.workers} servers; use job={' or job='.join(DEPLOYMENT_JOBS)}", "deploy"))
+    workers = _workers({"server": settings.workers}, {"server": record})
+    sides = {"server": side}
+    assigned, router_ports = _lay_out_ports(workers, sides, settings, explicit_deploy, problems)
+    node_gpus = getattr(getattr(composed, "hardware", None), "gpus_per_node", None)
+    for name, values in _lay_out_gpus(workers, sides, problems, node_gpus).items():
+        assigned[name].update(values)
+    if problems:
+        raise ConfigError(_dedupe(problems))
+    servers = []
+    for name, _role, _rec, index in workers:
+        extra = [Setting(field, value, "deploy.workers (assigned)") for field, value in assigned[name].items()]
+        rec, _c, probs = _compose(side, extra, env, quiet=True)
+        if probs:
+            raise ConfigError(probs)
+        servers.append(Server("server", rec, index))
+    router = Router(settings.router_host, router_ports[0], router_ports[1], settings.router_policy,
+                    tuple(settings.router_extra_args))
+    return Deployment("single", tuple(servers), router, settings), composed.job_name, composed.job
+
+
+def _workers(counts: Dict[str, int], records: Dict[str, ServerArgs]) -> List[Tuple[str, str, ServerArgs, int]]:
+    """(name, role, record, index) for every server, in start order: ``prefill`` alone, or
+    ``prefill0``, ``prefill1``... when a role has several."""
+    return [(role if counts[role] == 1 else f"{role}{i}", role, records[role], i)
+            for role in records for i in range(counts[role])]
 
 
 def _budget(settings: DeploySettings, groups, composed) -> List[Problem]:

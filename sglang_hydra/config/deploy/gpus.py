@@ -6,7 +6,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..errors import Problem, problem_for
 from ..record import ServerArgs
-from .model import _SOURCE, _Side
+from .model import SIDES, _SOURCE, _Side
 from .ports import _hosts_overlap, _label
 
 # --------------------------------------------------------------------------- GPUs
@@ -35,36 +35,60 @@ def _on_gpus(record: ServerArgs, device_written: bool) -> bool:
     return str(record.device or "cuda").lower() != "cpu" or not device_written
 
 
-def _lay_out_gpus(records: Dict[str, ServerArgs], sides: Dict[str, _Side], problems: List[Problem]) -> Dict[str, int]:
-    """Give decode its own GPUs when both sides run on one node.
+def _lay_out_gpus(workers: List[Tuple[str, str, ServerArgs, int]], sides: Dict[str, _Side], problems: List[Problem],
+                  node_gpus: Optional[int] = None) -> Dict[str, Dict[str, int]]:
+    """Give every server on a node its own GPUs: ``{server name: {"base_gpu_id": id}}`` for those placed.
 
-    Prefill keeps its ``base_gpu_id`` (a top-level value is prefill's, like ``serving.port``);
-    decode starts right after prefill's last GPU unless decode's value was written, in which case
-    it is kept and must not share a GPU with prefill.  Servers on different hosts are left alone."""
+    ``workers`` is (name, role, record, index among its role) in start order.  The first server
+    keeps its ``base_gpu_id`` (a top-level value is prefill's, like ``serving.port``); each later
+    one starts right after the last GPU of the servers before it on the same host, unless its
+    role's value was written on its side (for the first server of that role), in which case it is
+    kept and must not share a GPU with another server.  Servers on different hosts are left alone.
+    With ``node_gpus`` (the hardware's ``gpus_per_node``) a server placed past the node's last GPU
+    is an error: the layout covers one node."""
     import logging
 
-    pre, dec = records["prefill"], records["decode"]
-    written = {role: "device" in s.side_names or "device" in s.shared_names for role, s in sides.items()}
-    if not _hosts_overlap(pre.host, dec.host) or not (_on_gpus(pre, written["prefill"])
-                                                       and _on_gpus(dec, written["decode"])):
-        return {}
-    detected = [role for role, rec in records.items() if str(rec.device).lower() == "cpu" and not written[role]]
-    if detected and "base_gpu_id" not in sides["decode"].side_names and not problems:
+    written_device = {role: "device" in s.side_names or "device" in s.shared_names for role, s in sides.items()}
+    placed: List[Tuple[str, str, ServerArgs, List[int], int]] = []    # ..., its GPU ids, its base_gpu_id
+    out: Dict[str, Dict[str, int]] = {}
+    detected = False
+    for name, role, rec, index in workers:
+        if not _on_gpus(rec, written_device[role]):
+            continue
+        detected = detected or (str(rec.device).lower() == "cpu" and not written_device[role])
+        neighbours = [p for p in placed if _hosts_overlap(p[2].host, rec.host)]
+        side_written = role in SIDES and "base_gpu_id" in sides[role].side_names
+        written = index == 0 and (side_written or (role != "decode" and "base_gpu_id" in sides[role].shared_names))
+        step = max(1, rec.gpu_id_step)
+        if neighbours and not written:      # right after the last GPU of the servers before it on this host
+            base = max(b + gpus_per_node(o) * max(1, o.gpu_id_step) for _n, _r, o, _ids, b in neighbours)
+            out[name] = {"base_gpu_id": base}
+            ids = [base + i * step for i in range(gpus_per_node(rec))]
+        else:
+            base, ids = rec.base_gpu_id, gpu_ids(rec)
+            for n, r, _other, other_ids, _b in neighbours:
+                shared = sorted(set(ids) & set(other_ids))
+                if shared:
+                    key = problem_for("base_gpu_id", "")
+                    mine = f"{role}.{key.key}" if role in SIDES else key.key
+                    problems.append(Problem(
+                        mine, key.flag,
+                        f"{name} GPUs {ids} overlap {_label(r if r in SIDES else None, 'base_gpu_id')} GPUs "
+                        f"{other_ids} of {n} (GPU {', '.join(map(str, shared))}) on host {rec.host}; each server needs "
+                        f"its own GPUs (move one of them, leave {mine} unset to have it placed after the others, or "
+                        f"run the sides on different hosts with prefill.serving.host / decode.serving.host)", _SOURCE))
+                    break
+        if node_gpus and ids and max(ids) >= node_gpus:
+            problems.append(Problem("hardware.gpus_per_node", None,
+                                    f"{name} would use GPU {max(ids)} (GPUs {ids}), past the node's {node_gpus} GPUs "
+                                    f"(0-{node_gpus - 1}); the layout covers one node: use fewer or smaller servers, "
+                                    f"or start the others on another node yourself", _SOURCE))
+        placed.append((name, role, rec, ids, base))
+    if detected and len(placed) > 1 and not problems:
         logging.getLogger("sglang_hydra.config").warning(
-            "deploy=pd: no GPU was found here (device detected as cpu), so decode is placed after prefill's GPUs "
-            "as on a GPU node; set device.device=cpu if both sides really run on the CPU")
-    if "base_gpu_id" not in sides["decode"].side_names:
-        return {"base_gpu_id": pre.base_gpu_id + gpus_per_node(pre) * max(1, pre.gpu_id_step)}
-    shared = sorted(set(gpu_ids(pre)) & set(gpu_ids(dec)))
-    if shared:
-        key = problem_for("base_gpu_id", "")
-        problems.append(Problem(
-            f"decode.{key.key}", key.flag,
-            f"decode GPUs {gpu_ids(dec)} overlap {_label('prefill', 'base_gpu_id')} GPUs {gpu_ids(pre)} "
-            f"(GPU {', '.join(map(str, shared))}) on host {dec.host}; each side needs its own GPUs (move one of "
-            f"them, leave decode's unset to have it placed after prefill, or run the sides on different hosts "
-            f"with prefill.serving.host / decode.serving.host)", _SOURCE))
-    return {}
+            "deploy: no GPU was found here (device detected as cpu), so each server is placed after the GPUs of the "
+            "ones before it as on a GPU node; set device.device=cpu if they really run on the CPU")
+    return out
 
 
 # --------------------------------------------------------------------------- the GPU budget

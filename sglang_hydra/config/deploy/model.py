@@ -12,6 +12,8 @@ from ..record import ServerArgs
 SIDES = ("prefill", "decode")
 DEFAULT_DEPLOY = "single"
 DEPLOYMENT_JOBS = ("resolve", "launch")       # jobs that take a whole deployment
+PLANNING_JOBS = ("deploy_search",)            # jobs that read the deploy keys of a single record
+SIMULATING_JOBS = ("replay",)                 # jobs that simulate a whole PD deployment (both records)
 _SOURCE = "deploy=pd"
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
@@ -65,6 +67,7 @@ def deploy_settings_problems(settings: "DeploySettings", explicit: Sequence[str]
 # router flags the deployment writes itself (router_argv); in router_extra_args they would fight it
 _ROUTER_MANAGED = {
     "--pd-disaggregation": "deploy=pd", "--prefill": "the prefill server's URL and bootstrap port",
+    "--worker-urls": "deploy.workers",
     "--decode": "the decode server's URL", "--host": "deploy.router_host", "--port": "deploy.router_port",
     "--prometheus-host": "deploy.router_host", "--prometheus-port": "deploy.router_prometheus_port",
     "--policy": "deploy.router_policy",
@@ -98,6 +101,12 @@ class Router:
 class Server:
     role: str              # "server" (single), "prefill" or "decode"
     record: ServerArgs
+    index: Optional[int] = None   # which of several servers of its role (None: the only one)
+
+    @property
+    def name(self) -> str:
+        """``prefill`` when it is the only one, ``prefill0``, ``prefill1``... when there are several."""
+        return self.role if self.index is None else f"{self.role}{self.index}"
 
     @property
     def url(self) -> str:
@@ -111,9 +120,15 @@ class Deployment:
     name: str                          # single | pd
     servers: Tuple[Server, ...]
     router: Optional[Router] = None
+    settings: Optional[DeploySettings] = None    # the deploy keys it was composed from
+    hardware: Any = None                         # config.hardware.Hardware it was composed with
 
     def server(self, role: str) -> Server:
-        return next(s for s in self.servers if s.role == role)
+        """The (first) server of a role, or the one of that name (``prefill1``)."""
+        return next(s for s in self.servers if s.role == role or s.name == role)
+
+    def of_role(self, role: str) -> List[Server]:
+        return [s for s in self.servers if s.role == role]
 
 
 def connect_host(host: Optional[str]) -> str:
@@ -135,16 +150,21 @@ def as_deployment(target: Any) -> Deployment:
 
 
 def router_argv(dep: Deployment) -> List[str]:
-    """``sglang_router.launch_router`` flags for a PD deployment (checked against sglang-router 0.3.2)."""
+    """``sglang_router.launch_router`` flags: PD mode for pd, regular mode for several aggregated servers
+    (checked against sglang-router 0.3.2)."""
     r = dep.router
     if r is None:
         return []
-    prefill, decode = dep.server("prefill"), dep.server("decode")
-    out = ["--pd-disaggregation",
-           "--prefill", prefill.url, str(prefill.record.disaggregation_bootstrap_port),
-           "--decode", decode.url,
-           "--host", r.host, "--port", str(r.port),
-           "--prometheus-host", r.host, "--prometheus-port", str(r.prometheus_port)]
+    if dep.name == "pd":        # every prefill URL with its bootstrap port, then every decode URL
+        out = ["--pd-disaggregation"]
+        for s in dep.of_role("prefill"):
+            out += ["--prefill", s.url, str(s.record.disaggregation_bootstrap_port)]
+        for s in dep.of_role("decode"):
+            out += ["--decode", s.url]
+    else:                       # regular mode: the aggregated servers
+        out = ["--worker-urls", *(s.url for s in dep.servers)]
+    out += ["--host", r.host, "--port", str(r.port),
+            "--prometheus-host", r.host, "--prometheus-port", str(r.prometheus_port)]
     if r.policy:
         out += ["--policy", r.policy]
     return out + list(r.extra_args)

@@ -194,28 +194,42 @@ def _first_clash(c: _Claim, base: int, taken: List[_Claim]):
     return None
 
 
-def _lay_out_ports(records: Dict[str, ServerArgs], sides: Dict[str, _Side], settings: DeploySettings,
+# settings every server of a role has its own value of: a written one is the first server's, the
+# others are laid out after it
+_PER_SERVER = ("port", "disaggregation_bootstrap_port")
+
+
+def _lay_out_ports(workers: List[Tuple[str, str, ServerArgs, int]], sides: Dict[str, _Side], settings: DeploySettings,
                    explicit_deploy: set, problems: List[Problem]) -> Tuple[Dict[str, Dict[str, int]], Tuple[int, int]]:
     """Give every listening socket of the deployment its own port.
 
+    ``workers`` is (name, role, record, index among its role) for every server, in start order.
     Ports the user wrote are kept (two of them clashing is an error naming both); the others
     start from their defaults and move up past anything taken on the same host, together with
     the ports SGLang derives from them (attention DP's block at --port + 233, the gRPC mode's
-    ports).  A top-level ``serving.port`` is the prefill server's port; decode then takes the
-    first port whose whole block is free."""
-    pre = records["prefill"]
+    ports).  A top-level ``serving.port`` is the first server's port; each later server's
+    ``--port`` starts right after the one before it and takes the first port whose whole block
+    is free.  A written port or bootstrap port is the first server of its role's; the other
+    servers of that role get the next free ones."""
 
-    def explicit_for(role: str):
+    def explicit_for(role: str, index: int):
         def is_explicit(name: str) -> Optional[str]:
-            """Where ``name`` was written for this side: "side", "top level" or None (not written)."""
-            if name in sides[role].side_names:
+            """Where ``name`` was written for this server: "side", "top level" or None (not written)."""
+            if index > 0 and name in _PER_SERVER:
+                return None
+            if role in SIDES and name in sides[role].side_names:
                 return "side"
             if role == "decode" and name == "port":      # a shared --port is prefill's
                 return None
             return "top level" if name in sides[role].shared_names else None
         return is_explicit
 
-    claims = [c for role in SIDES for c in _side_claims(role, records[role], explicit_for(role))]
+    claims: List[_Claim] = []
+    for name, role, record, index in workers:
+        for c in _side_claims(role if role in SIDES else None, record, explicit_for(role, index)):
+            if c.assign:
+                c.assign = (name, c.assign[1])
+            claims.append(c)
     claims += _router_claims(settings, explicit_deploy)
     taken: List[_Claim] = []
     for c in claims:
@@ -229,21 +243,28 @@ def _lay_out_ports(records: Dict[str, ServerArgs], sides: Dict[str, _Side], sett
             port, what, t, t_what, t_host = clash
             problems.append(Problem(c.key, c.flag, _clash_message(c, port, what, t, t_what, t_host), _SOURCE))
         taken.append(c)
-    assigned: Dict[str, Dict[str, int]] = {"prefill": {}, "decode": {}, "router": {}}
+    assigned: Dict[str, Dict[str, int]] = {name: {} for name, *_ in workers}
+    assigned["router"] = {}
+    last_server_port: Optional[int] = None
     for c in claims:
+        is_server_port = c.assign is not None and c.assign[1] == "port"
         if c.explicit:
+            if is_server_port:
+                last_server_port = c.base
             continue
         base = c.base
-        if c.assign == ("decode", "port"):      # decode's --port starts right after prefill's
-            base = assigned["prefill"].get("port", pre.port) + 1
+        if is_server_port and last_server_port is not None:    # right after the server before it
+            base = last_server_port + 1
         while _first_clash(c, base, taken) and base < 65535:
             base += 1
         c.base = base
         taken.append(c)
-        role, name = c.assign
-        assigned[role][name] = base
+        name, field_name = c.assign
+        assigned[name][field_name] = base
+        if is_server_port:
+            last_server_port = base
     for c in claims:
-        if c.explicit and c.assign and c.assign[0] in ("prefill", "decode"):
+        if c.explicit and c.assign and c.assign[0] != "router":
             assigned[c.assign[0]].setdefault(c.assign[1], c.base)
     router = assigned.pop("router")
     return assigned, (router.get("router_port", settings.router_port),
@@ -254,9 +275,11 @@ def listening_ports(dep: Deployment) -> List[Tuple[str, str, int]]:
     """(what to change, host, port) for every socket the deployment binds, for the launch's port check."""
     out = []
     for s in dep.servers:
-        role = s.role if dep.name == "pd" else None
+        role = s.role if s.role in SIDES else None
         for c in _side_claims(role, s.record, lambda name: True):
             for port, host, what in c.ports():
+                if s.index is not None:        # one of several servers of its role: say which
+                    what = f"{s.name}'s" + (f" {what}" if what else " port")
                 out.append((c.label + (f" [{what}]" if what else ""), host, port))
     if dep.router:
         out.append(("deploy.router_port", dep.router.host, dep.router.port))

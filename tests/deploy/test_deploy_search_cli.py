@@ -1,0 +1,116 @@
+"""job=deploy_search through the real command line: outputs, a launchable best deployment, bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+SMALL = ["model=llama3_1_8b", "hardware=h100_80gb", "deploy.total_gpus=4", "job.trace=sample", "job.max_requests=150",
+         "job.search.tp=[1,2]", "job.processes=1"]
+
+
+def run(*args, cwd, timeout=300):
+    return subprocess.run([sys.executable, "-m", "sglang_hydra", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ))
+
+
+def search(tmp_path, *extra, out="search"):
+    return run("job=deploy_search", *SMALL, "job.sla.ttft_ms=3000", "job.sla.tpot_ms=60", f"job.output_dir={out}",
+               *extra, cwd=tmp_path)
+
+
+def test_search_writes_its_outputs_and_a_launchable_best(tmp_path):
+    r = search(tmp_path, "job.format=json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["best"]["mode"] in ("agg", "disagg") and data["best"]["tokens_per_s_per_gpu"] > 0
+    assert data["deployments"] == len(data["rows"]) > 10 and all(row["gpus"] <= 4 for row in data["rows"])
+    ranked = [row for row in data["rows"] if row["meets_sla"]]
+    assert ranked[0]["goodput_rps_per_gpu"] == max(row["goodput_rps_per_gpu"] for row in ranked)
+    out = tmp_path / "search"
+    for name in ("summary.csv", "pareto.png", "best_deploy.yaml", "deploy_search.json"):
+        assert (out / name).stat().st_size > 0
+    assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    best = yaml.safe_load((out / "best_deploy.yaml").read_text())
+    assert best["deploy"]["total_gpus"] == 4 and best["hardware"] == "h100_80gb"
+    launched = run("--config", str(out / "best_deploy.yaml"), "job=launch", "job.dry_run=true", cwd=tmp_path)
+    assert launched.returncode == 0, launched.stderr
+    servers = [line for line in launched.stdout.splitlines() if "sglang.launch_server" in line]
+    assert len(servers) == data["best"]["workers"] + data["best"]["decode_workers"]
+    assert all("--model-path meta-llama/Meta-Llama-3.1-8B" in line for line in servers)
+    # the same directory again is refused, before anything is computed
+    again = search(tmp_path)
+    assert again.returncode == 2 and "job.output_dir: 'search' already holds a deploy search" in again.stderr
+
+
+def test_table_and_rate_search(tmp_path):
+    r = search(tmp_path, "job.rate_search=true", "job.search.modes=[agg]", "job.max_requests=60")
+    assert r.returncode == 0, r.stderr
+    assert "deployments ranked by output tokens/s per GPU at the highest request rate" in r.stdout
+    assert "max req/s" in r.stdout and "best: agg" in r.stdout
+    assert "launch it: sglang-hydra --config search/best_deploy.yaml job=launch job.dry_run=true" in r.stdout
+
+
+def test_a_policy_plain_sglang_lacks_is_marked_when_it_is_best(tmp_path):
+    r = search(tmp_path, "job.search.policies=[ghost_lru]", "job.search.modes=[agg]", "job.search.tp=[2]")
+    assert r.returncode == 0, r.stderr
+    assert "ghost_lru*" in r.stdout and "* not in SGLang 0.5.23" in r.stdout
+    assert "note: the best deployment uses eviction policy 'ghost_lru', which SGLang 0.5.23 does not have" in r.stderr
+    text = (tmp_path / "search" / "best_deploy.yaml").read_text()
+    assert text.startswith("# NOT RUNNABLE ON PLAIN SGLang 0.5.23: eviction policy 'ghost_lru'")
+    data = json.loads((tmp_path / "search" / "deploy_search.json").read_text())
+    assert data["best"]["runnable"] is False and "plugin" in data["best"]["engine_note"]
+
+
+@pytest.mark.parametrize("args, lines", [
+    ((), ["job.sla.ttft_ms: is required", "job.sla.tpot_ms: is required"]),
+    (("job.sla.ttft_ms=1000", "job.sla.tpot_ms=50", "job.search.router_policies=[least_load,manual]"),
+     ["job.search.router_policies: 'least_load' is not a policy sglang-router 0.3.2 offers",
+      "job.search.router_policies: 'manual' routes by a request header a trace does not carry"]),
+    (("job.sla.ttft_ms=1000", "job.sla.tpot_ms=50", "deploy.router_policy=manual"),
+     ["deploy.router_policy: 'manual' routes by a request header a trace does not carry"]),
+    (("job.sla.ttft_ms=1000", "job.sla.tpot_ms=50", "deploy.router_policy=fastest"),
+     ["deploy.router_policy: 'fastest' is not a policy sglang-router 0.3.2 offers"]),
+    (("job.sla.ttft_ms=1000", "job.sla.tpot_ms=50", "job.search.tp=[8]"),
+     ["job.search.tp: every TP size (8) is over deploy.total_gpus 4"]),
+    (("job.sla.ttft_ms=1", "job.sla.tpot_ms=0.5"),
+     ["job.sla: no deployment meets P90 TTFT <= 1 ms and P90 TPOT <= 0.5 ms on this trace; the closest"]),
+    (("job.sla.ttft_ms=1000", "job.sla.tpot_ms=50", "deploy.workers=3", "parallel.tp_size=2"),
+     ["deploy.workers: deploy.workers 3 x parallel.tp_size 2"]),
+    (("job.sla.ttft_ms=1000", "job.sla.tpot_ms=50", "job.sla.percentile=95", "job.search.hicache_ratio=[0.5]"),
+     ["job.sla.percentile: 95 is not one of: 50, 90, 99", "job.search.hicache_ratio: 0.5"]),
+])
+def test_bad_input_is_exit_2_with_one_line_per_problem(tmp_path, args, lines):
+    r = run("job=deploy_search", *SMALL, *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    for line in lines:
+        assert f"  - {line}" in r.stderr, r.stderr
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("best_deploy.yaml"))
+
+
+def test_a_decode_pool_that_cannot_hold_the_longest_request(tmp_path):
+    trace = tmp_path / "huge.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "input_length": 5_000_000, "output_length": 10,
+                                 "hash_ids": list(range(9766))}) + "\n")
+    r = run("job=deploy_search", *[a for a in SMALL if not a.startswith("job.trace")], f"job.trace={trace}",
+            "job.sla.ttft_ms=1000", "job.sla.tpot_ms=50", cwd=tmp_path)
+    assert r.returncode == 2 and "  - job.trace: no decode pool can hold the trace's longest request (5,000,010" \
+        in r.stderr, r.stderr
+
+
+def test_a_disaggregated_best_launches_as_xpyd(tmp_path):
+    r = run("job=deploy_search", *SMALL, "job.sla.ttft_ms=10000", "job.sla.tpot_ms=60", "job.output_dir=search",
+            "job.search.modes=[disagg]", "job.search.hicache_ratio=[2]", "job.format=json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    best = json.loads(r.stdout)["best"]
+    assert best["mode"] == "disagg"
+    data = yaml.safe_load((tmp_path / "search" / "best_deploy.yaml").read_text())
+    assert data["deploy"]["name"] == "pd" and data["prefill"]["memory"]["hicache_ratio"] == 2.0
+    launched = run("--config", "search/best_deploy.yaml", "job=launch", "job.dry_run=true", cwd=tmp_path)
+    assert launched.returncode == 0, launched.stderr
+    router = launched.stdout.splitlines()[-1]
+    assert router.count("--prefill ") == best["workers"] and router.count("--decode ") == best["decode_workers"]
+    assert "--enable-hierarchical-cache" in launched.stdout and "--hicache-ratio 2" in launched.stdout
