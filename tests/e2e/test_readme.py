@@ -145,6 +145,13 @@ EXPECTATIONS = {
     "sglang-hydra -m job=estimate model=qwen3_32b hardware=h100_80gb parallel.tp_size=1,2,4 "
     "job.batch_size=1,16,64,256":
         Expect(files=("multirun/*/*/summary.csv", "multirun/*/*/11/metrics.json")),
+    # job=deploy_search and launching what it recommends (the launch reads the search's output)
+    "sglang-hydra job=deploy_search model=llama3_1_8b hardware=h100_80gb deploy.total_gpus=8 "
+    "job.trace=conversation job.sla.ttft_ms=2000 job.sla.tpot_ms=50 job.output_dir=outputs/search8":
+        Expect(files=("outputs/search8/summary.csv", "outputs/search8/pareto.png",
+                      "outputs/search8/best_deploy.yaml", "outputs/search8/deploy_search.json")),
+    "sglang-hydra --config outputs/search8/best_deploy.yaml job=launch job.dry_run=true":
+        Expect(stdout=(r"sglang\.launch_server .*--model-path meta-llama/Meta-Llama-3\.1-8B",)),
 }
 
 
