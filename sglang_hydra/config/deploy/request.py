@@ -98,8 +98,8 @@ def _deploy_token(req: DeployRequest, sep: str, rest: str, tok: str) -> None:
         return
     if sweep:
         key = "deploy" if sep == "=" else f"deploy.{rest.partition('=')[0]}"
-        req.problems.append(Problem(key, None, f"{tok!r} sweeps over the deployment, which is not supported; "
-                                    f"run one deployment per command", f"override {tok}"))
+        req.problems.append(Problem(key, None, f"{tok!r} lists several values: add -m to run one deployment "
+                                    f"per value (a sweep)", f"override {tok}"))
         return
     if sep == "=":
         req.option = str(value)
