@@ -311,6 +311,9 @@ def _deployment_hardware(request):
     from .config.hardware import compose_hardware
 
     option, settings = None, []
+    from_file = request.file_shared.get("hardware")       # a --config file's choice; the command line wins
+    if isinstance(from_file, str):
+        option = from_file
     for tok in request.shared_argv:
         key, eq, value = str(tok).partition("=")
         if not eq:
