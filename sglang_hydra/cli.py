@@ -232,7 +232,7 @@ def _deployment_sweep(runtime) -> int:
         return EXIT_CONFIG
     fatal = never_working(points, failed)
     if fatal:
-        _print_problems(ConfigError(fatal), "no point of this sweep can run: ")
+        _print_problems(ConfigError(fatal), "a swept value fails in every point that has it, so nothing ran: ")
         return EXIT_CONFIG
     failures.SWEEP_RUNS.clear()
     failures.SWEEPS_STARTED.clear()
