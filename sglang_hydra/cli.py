@@ -286,7 +286,8 @@ def _deployment_point(point, job_dir, composed, problems) -> None:
 
 
 def _sweep_job(call: Callable[[], object], label: str) -> Tuple[int, str]:
-    """Run one sweep job: (its exit status, a one-line message when it failed), reported on stderr."""
+    """Run one job (a sweep point, or the run under Hydra): (its exit status, a one-line message when it
+    failed), the failure reported on stderr in the command's own format."""
     try:
         code = _job_status(call())
         if code == EXIT_OK:
@@ -394,7 +395,9 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
         out_dir = Path(hc.runtime.output_dir)
         failures.clear_error(out_dir)
         label = f"job {hc.job.num} ({' '.join(task_overrides)}): " if multirun else ""
-        try:
+        outcome: dict = {}
+
+        def call():
             per_job = Command()
             parse_overrides(task_overrides, per_job, allow_sweep=False)
             composed = values_from_cfg(cfg, cmd)
@@ -404,20 +407,12 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
                              hardware=composed.hardware)
             from .memory.target import hardware_scope
             with hardware_scope(composed.hardware):
-                result = runner.run_job(composed.job_name, record, composed.job, ctx)
-            if _job_status(result) != EXIT_OK:
-                raise SystemExit(_job_status(result))
-            return result
-        except KeyboardInterrupt:
-            raise
-        except SystemExit as exc:
-            code = _exit_code(exc)
-            if code == EXIT_OK:
-                return None
-            message = f"the job exited with status {code}"
-            print(f"sglang-hydra: {label}{message}", file=sys.stderr)
-        except Exception as exc:
-            code, message = _report_error(exc, label)
+                outcome["result"] = runner.run_job(composed.job_name, record, composed.job, ctx)
+            return outcome["result"]
+
+        code, message = _sweep_job(call, label)
+        if code == EXIT_OK:
+            return outcome.get("result")
         failures.write_error(out_dir, task_overrides, message, code)
         if not multirun:
             single_run["code"] = code
