@@ -4,7 +4,9 @@ The legacy flags are translated before Hydra sees the command line (Hydra's own 
 would swallow or misread them).  A plain single run is composed directly and runs at
 once; anything that needs Hydra's runtime (``-m`` sweeps, ``--cfg``, ``--info``,
 ``--help``, shell completion, ``hydra.*`` settings) goes through ``@hydra.main`` with the
-legacy flags rendered as overrides in their original position.
+legacy flags rendered as overrides in their original position.  A deployment (``deploy=pd``,
+``deploy.*`` keys) is composed outside ``@hydra.main``; its ``-m`` sweeps and ``hydra.run.dir``
+are run here with Hydra's override grammar (:mod:`.jobs.deploy_sweep`).
 
 Exit status, on every path (direct, ``@hydra.main``, each sweep launcher):
 
