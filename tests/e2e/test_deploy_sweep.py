@@ -122,3 +122,27 @@ def test_what_a_deployment_cannot_do_is_refused_in_one_line_each(tmp_path):
     r = run(*PD, "deploy.prefill_workers=1,2", cwd=tmp_path)
     assert r.returncode == 2 and "add -m to run one deployment per value" in r.stderr
     assert not (tmp_path / "multirun").exists() and "Traceback" not in r.stderr
+
+
+def test_sigterm_mid_sweep_still_summarises_the_points_that_finished(tmp_path):
+    import signal
+    import time
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_hydra", "-m", *PD, "job.trace=conversation",
+                             "deploy.prefill_workers=1,2,3,4", "hydra.sweep.dir=sw"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "sw" / "0" / "metrics.json").exists() and time.time() < deadline:
+            time.sleep(0.2)
+        assert (tmp_path / "sw" / "0" / "metrics.json").exists()
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    table = rows(tmp_path / "sw")
+    assert table[0]["status"] in ("ok", "saturated") and len(table) < 4
+    assert all(t["status"] == "interrupted" for t in table[1:])
+    assert "interrupted (SIGTERM)" in err and "Traceback" not in err
