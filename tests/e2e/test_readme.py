@@ -112,6 +112,16 @@ EXPECTATIONS = {
     "sglang-hydra job=replay model=llama3_1_8b hardware=h100_80gb deploy.workers=4 deploy.router_policy=cache_aware":
         Expect(stdout=(r"4 server\(s\) x dp 1 x tp 1 = 4 GPU\(s\), router cache_aware", r"TTFT P50 / P90 / P99"),
                files=("outputs/*/*/replay.json",)),
+    "sglang-hydra job=replay deploy=pd deploy.prefill_workers=3 deploy.decode_workers=1 prefill.parallel.tp_size=1 "
+    "decode.parallel.tp_size=4 model=llama3_1_8b hardware=h100_80gb job.trace=conversation":
+        Expect(stdout=(r"3P \(dp 1 x tp 1\) \+ 1D \(dp 1 x tp 4\), mooncake over nvlink = 7 GPU\(s\)",
+                       r"TTFT P50 / P90 / P99"),
+               files=("outputs/*/*/replay.json",)),
+    "sglang-hydra -m job=replay deploy=pd deploy.prefill_workers=2,3,4 disagg.disaggregation_transfer_backend="
+    "mooncake,zmq model=llama3_1_8b hardware=h100_80gb job.max_requests=300":
+        Expect(stdout=(r"sweep summary: 6 points in \S+: 6 ok",),
+               files=("multirun/*/*/summary.csv", "multirun/*/*/summary.png", "multirun/*/*/pareto.png",
+                      "multirun/*/*/best_config.yaml", "multirun/*/*/5/replay.json")),
     "sglang-hydra -m model=llama3_1_8b hardware=h100_80gb memory=hicache job.trace=conversation parallel.dp_size=8 "
     "memory.hicache_ratio=1,2,4 memory.radix_eviction_policy=lru,ghost_lru hydra/launcher=joblib "
     "hydra.launcher.n_jobs=2":
