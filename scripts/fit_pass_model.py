@@ -23,7 +23,9 @@ is reproducible from the command above:
   ``attention_decode_seq_us`` and ``attention_decode_layer_us`` of
   ``kv_bytes / (bw * e) + seqs * s + layer`` (the fixed part: launch and split-KV merge);
 * ``generation_attention`` also gives ``attention_decode_half_ctas`` (sequences x KV heads at
-  which the read reaches half its rate);
+  which the read reaches half its rate) and ``attention_decode_split_ctas``: below
+  ``attention_decode_split_below`` = half the SM count of blocks the kernel splits each
+  context, and the batch reads like that many blocks;
 * ``custom_allreduce`` (CUDA-graph rows, 64 KB-1 GB; message sizes are bf16 elements):
   ``allreduce_efficiency``, ``allreduce_latency_us`` and ``allreduce_tp_scaling`` of a ring over
   the preset's link, and, for PCIe cards, ``allreduce_bridge_gbps``: the rate every GPU of a
@@ -50,6 +52,9 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+#: streaming multiprocessors per GPU (NVIDIA's whitepapers: A100 108, H100/H200 SXM 132, L40S 142);
+#: the decode kernel splits a batch of fewer blocks than half of them along the context
+SM_COUNT = {"h100_sxm": 132, "h200_sxm": 132, "a100_sxm": 108, "l40s": 142}
 # our preset -> (aiconfigurator system, dense bf16 TFLOP/s, HBM GB/s, TP link GB/s one way, link)
 SYSTEMS = {
     "h100_sxm": ("h100_80gb", 989.4, 3350.0, 450.0, "nvlink"),
@@ -138,13 +143,19 @@ def fit_generation_attention(system, bw, floor_us):
     t = d.latency.values / 1e3
     nbytes = b * ctx * kv * 128 * 2 * 2
 
+    split_below = SM_COUNT[system] / 2
+    blocks = b * kv
+
     def model(p):
-        eff, seq_us, half, layer_us = p
-        return np.maximum(nbytes / (bw * eff) * (1 + half / (b * kv)) + (b * seq_us + layer_us) * 1e-6,
+        eff, seq_us, half, layer_us, split = p
+        occ = np.where(blocks < split_below, split, blocks)
+        return np.maximum(nbytes / (bw * eff) * (1 + half / occ) + (b * seq_us + layer_us) * 1e-6,
                           floor_us * 1e-6)
-    p, rms = fit(lambda p: np.log(model(p) / t), [0.7, 0.1, 8.0, 10.0], [0.05, 0, 0, 0], [1, 100, 4096, 500])
+    p, rms = fit(lambda p: np.log(model(p) / t), [0.7, 0.1, 50.0, 10.0, 200.0], [0.05, 0, 0, 0, 1],
+                 [1, 100, 4096, 500, 1e4])
     return dict(attention_decode_efficiency=p[0], attention_decode_seq_us=p[1], attention_decode_half_ctas=p[2],
-                attention_decode_layer_us=p[3]), rms
+                attention_decode_layer_us=p[3], attention_decode_split_below=split_below,
+                attention_decode_split_ctas=p[4]), rms
 
 
 def fit_allreduce(system, link, kind):

@@ -64,6 +64,12 @@ class Hardware:
     attention_decode_layer_us: float = arg(
         0.0, "Fixed microseconds per layer of a pass with decode attention beyond reading the KV (the "
         "kernel's launch and the merge of its split-KV partial results).", ge=0.0)
+    attention_decode_split_below: float = arg(
+        0.0, "Decode attention: below this many sequences x KV heads per GPU the kernel splits each "
+        "sequence's context across thread blocks (half a wave of the GPU's SMs); 0: never.", ge=0.0)
+    attention_decode_split_ctas: float = arg(
+        0.0, "Decode attention: the sequences x KV heads whose occupancy (attention_decode_half_ctas) a "
+        "split batch reaches.", ge=0.0)
     attention_decode_efficiency: float = arg(
         0.6, "Share of hbm_bandwidth_gbps decode attention reaches reading the KV cache.", gt=0.0, le=1.0)
     allreduce_efficiency: float = arg(

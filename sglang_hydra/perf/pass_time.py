@@ -18,7 +18,9 @@ A pass is costed as the kernels SGLang runs for it, per tensor-parallel rank:
   decode reads the whole KV of every sequence at ``attention_decode_efficiency`` of the HBM
   rate, slower while few sequences x KV heads occupy the GPU (``attention_decode_half_ctas``),
   plus ``attention_decode_seq_us`` per sequence and ``attention_decode_layer_us`` per layer
-  (the kernel's launch and the merge of its split-KV partial results);
+  (the kernel's launch and the merge of its split-KV partial results).  Batches of fewer than
+  ``attention_decode_split_below`` sequences x KV heads are split along the context and
+  occupy the GPU like ``attention_decode_split_ctas`` of them;
 * **tensor-parallel all-reduce**: two per layer (after attention and after the MLP) of the
   pass's activations, a ring over the link the preset names (``tp_link``: NVLink within a
   node, PCIe for cards without it) at ``allreduce_efficiency x (tp/2)^allreduce_tp_scaling``,
@@ -64,7 +66,8 @@ HARDWARE_PERF_FIELDS = (
     "bf16_tflops", "hbm_bandwidth_gbps", "gemm_efficiency", "gemm_half_tokens", "gemm_half_outputs", "gemm_k_overhead",
     "memory_efficiency",
     "attention_prefill_efficiency", "attention_prefill_extra_pairs", "attention_prefill_layer_us", "attention_decode_efficiency",
-    "attention_decode_seq_us", "attention_decode_layer_us", "attention_decode_half_ctas", "allreduce_efficiency", "allreduce_latency_us", "allreduce_tp_scaling", "allreduce_bridge_gbps", "allreduce_table_us",
+    "attention_decode_seq_us", "attention_decode_layer_us", "attention_decode_half_ctas",
+    "attention_decode_split_below", "attention_decode_split_ctas", "allreduce_efficiency", "allreduce_latency_us", "allreduce_tp_scaling", "allreduce_bridge_gbps", "allreduce_table_us",
     "kernel_floor_us", "elementwise_kernel_us", "pass_overhead_us", "tp_link", "nvlink_gbps", "h2d_gbps",
 )
 
@@ -217,7 +220,12 @@ class PassModel:
         self._dec_seq_s = layers * float(hw["attention_decode_seq_us"]) * US
         self._dec_layer_s = layers * float(hw.get("attention_decode_layer_us") or 0.0) * US
         # few sequences x KV heads leave SMs idle: the KV read runs at eff x n / (n + half)
-        self._dec_half_seqs = float(hw["attention_decode_half_ctas"]) / (1 if mla else kv_r)
+        dec_kv_r = 1 if mla else kv_r
+        self._dec_half_seqs = float(hw["attention_decode_half_ctas"]) / dec_kv_r
+        # small batches are split along the context: below split_below / kv_r sequences the
+        # occupancy is that of split_ctas / kv_r sequences
+        self._dec_split_below = float(hw.get("attention_decode_split_below") or 0.0) / dec_kv_r
+        self._dec_split_seqs = float(hw.get("attention_decode_split_ctas") or 0.0) / dec_kv_r
         self._attn_floor = layers * self._floor
 
         # all-reduce: a ring moves 2 (tp-1)/tp of the payload per GPU
@@ -395,7 +403,8 @@ class PassModel:
             x = (prefill_attn_pairs + self._attn_extra_pairs * (m - decode_seqs)) * self._attn_pair_s
             t += (x if x > self._attn_floor else self._attn_floor) + self._attn_layer_s
         if decode_seqs:
-            x = decode_kv_tokens * self._dec_kv_s * (1.0 + self._dec_half_seqs / decode_seqs) \
+            occ = self._dec_split_seqs if decode_seqs < self._dec_split_below else decode_seqs
+            x = decode_kv_tokens * self._dec_kv_s * (1.0 + self._dec_half_seqs / occ) \
                 + decode_seqs * self._dec_seq_s + self._dec_layer_s
             y = decode_kv_tokens * self._dec_flop_s
             if y > x:
@@ -500,7 +509,8 @@ class PassModel:
                 (prefill_attn_pairs + self._attn_extra_pairs * (m - decode_seqs)) * self._attn_pair_s,
                 self._attn_floor) + self._attn_layer_s
         if decode_seqs:
-            out["attention_decode"] = max(decode_kv_tokens * self._dec_kv_s * (1.0 + self._dec_half_seqs / decode_seqs)
+            occ = self._dec_split_seqs if decode_seqs < self._dec_split_below else decode_seqs
+            out["attention_decode"] = max(decode_kv_tokens * self._dec_kv_s * (1.0 + self._dec_half_seqs / occ)
                                           + decode_seqs * self._dec_seq_s + self._dec_layer_s,
                                           decode_kv_tokens * self._dec_flop_s, self._attn_floor)
         if self._has_ar:
