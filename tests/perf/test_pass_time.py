@@ -276,3 +276,19 @@ def test_gpu_presets_state_where_their_efficiencies_come_from(name):
     assert "scripts/fit_pass_model.py" in text and "aiconfigurator" in text
     assert "scripts/refine_pass_model.py" in text
     assert "nic_gbps" in text and ("ConnectX" in text or "ASSUMED" in text)
+
+
+def test_small_decode_batches_split_along_the_context():
+    # 8 KV heads at TP 1: 4 sequences = 32 blocks, below split_below=54: they occupy like 200 blocks
+    hw = unit_hw(hbm_bandwidth_gbps=1e6, bf16_tflops=1e6, attention_decode_half_ctas=40.0)   # memory-bound read
+    plain = PassModel.from_record(LLAMA8, hw)
+    split = PassModel.from_record(LLAMA8, dict(hw, attention_decode_split_below=54.0, attention_decode_split_ctas=200.0))
+    kv = 4 * 8000
+    b_plain, b_split = plain.breakdown(4, 0, 4, kv)["attention_decode"], split.breakdown(4, 0, 4, kv)["attention_decode"]
+    read = kv * plain.kv_bytes_per_token / 1e15
+    assert b_plain == pytest.approx(read * (1 + 40 / 32))
+    assert b_split == pytest.approx(read * (1 + 40 / 200))
+    # at or above the threshold the batch's own blocks count
+    many = 16 * 8000
+    assert split.breakdown(16, 0, 16, many)["attention_decode"] == plain.breakdown(16, 0, 16, many)["attention_decode"]
+    assert split.step_s(4, 0, 4, kv) == pytest.approx(sum(split.breakdown(4, 0, 4, kv).values()))
