@@ -226,6 +226,8 @@ class PassModel:
         # occupancy is that of split_ctas / kv_r sequences
         self._dec_split_below = float(hw.get("attention_decode_split_below") or 0.0) / dec_kv_r
         self._dec_split_seqs = float(hw.get("attention_decode_split_ctas") or 0.0) / dec_kv_r
+        if self._dec_split_seqs <= 0:        # no split occupancy given: no split
+            self._dec_split_below = 0.0
         self._attn_floor = layers * self._floor
 
         # all-reduce: a ring moves 2 (tp-1)/tp of the payload per GPU
