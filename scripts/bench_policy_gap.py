@@ -6,7 +6,7 @@ Workloads: the conversation trace (first half = where parameters were chosen, se
 (``workload/synthetic.py``; seeds other than the ones the defaults were chosen on).
 Share = (policy - LRU) / (Belady - LRU) in hit blocks; ``-`` where Belady equals LRU.
 
-    .venv/bin/python scripts/bench_policy_gap.py [--policies ghost_lru,span_lru]
+    .venv/bin/python scripts/bench_policy_gap.py [--policies ghost_lru,ghost_lfu,auto_ghost_lfu,span_lru]
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def hits(reqs, policy, blocks):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--policies", default="ghost_lru,span_lru")
+    ap.add_argument("--policies", default="ghost_lru,ghost_lfu,auto_ghost_lfu")
     args = ap.parse_args()
     policies = args.policies.split(",")
     conv = list(load_trace(trace_path("conversation")))

@@ -13,19 +13,27 @@ against this project's own cost formula for that class (``sglang_hydra/perf/pass
 and the formula's free factors are fitted by least squares on log time, so every factor
 is reproducible from the command above:
 
-* ``gemm`` (``gemm_perf``, bf16 torch linear, the rows with K, N >= 256): ``gemm_efficiency``,
-  ``gemm_half_tokens``, ``memory_efficiency``, ``kernel_floor_us`` of
-  ``max(2MNK / (peak * e * M / (M + h)), bytes / (bw * me), floor)``;
+* ``gemm`` (``gemm_perf``, bf16 torch linear, the rows with K, N >= 256: TP 8 splits give
+  K = 512): ``gemm_efficiency``, ``gemm_half_tokens``, ``gemm_half_outputs``, ``gemm_k_overhead``,
+  ``memory_efficiency``, ``kernel_floor_us`` of
+  ``max(2NK (M + h + o / N) (1 + ko / K) / (peak * e), bytes / (bw * me), floor)``;
 * ``context_attention`` (bf16, head 128, no window): ``attention_prefill_efficiency`` and
   ``attention_prefill_extra_pairs`` of ``(pairs + x * tokens) * heads * 4 * head_dim / (peak * e)``;
 * ``generation_attention`` (bf16, head 128, no window): ``attention_decode_efficiency`` and
-  ``attention_decode_seq_us`` of ``kv_bytes / (bw * e) + seqs * s``;
+  ``attention_decode_seq_us`` and ``attention_decode_layer_us`` of
+  ``kv_bytes / (bw * e) + seqs * s + layer`` (the fixed part: launch and split-KV merge);
 * ``generation_attention`` also gives ``attention_decode_half_ctas`` (sequences x KV heads at
-  which the read reaches half its rate);
+  which the read reaches half its rate) and ``attention_decode_split_ctas``: below
+  ``attention_decode_split_below`` = half the SM count of blocks the kernel splits each
+  context, and the batch reads like that many blocks;
 * ``custom_allreduce`` (CUDA-graph rows, 64 KB-1 GB; message sizes are bf16 elements):
   ``allreduce_efficiency``, ``allreduce_latency_us`` and ``allreduce_tp_scaling`` of a ring over
   the preset's link, and, for PCIe cards, ``allreduce_bridge_gbps``: the rate every GPU of a
   group larger than a pair shares (their traffic crosses the host bridge);
+* ``custom_allreduce`` again, kept as measured: ``allreduce_table_us``, per group size the
+  median CUDA-graph time of every message from one token's activations (8 KB) up, which the
+  pass model interpolates by message size (the ring line above is the fallback for group sizes
+  the table lacks);
 * ``elementwise_kernel_us``: ``gpu.mem_empirical_constant_latency`` of aiconfigurator's
   ``systems/<gpu>.yaml``.
 
@@ -44,6 +52,9 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+#: streaming multiprocessors per GPU (NVIDIA's whitepapers: A100 108, H100/H200 SXM 132, L40S 142);
+#: the decode kernel splits a batch of fewer blocks than half of them along the context
+SM_COUNT = {"h100_sxm": 132, "h200_sxm": 132, "a100_sxm": 108, "l40s": 142}
 # our preset -> (aiconfigurator system, dense bf16 TFLOP/s, HBM GB/s, TP link GB/s one way, link)
 SYSTEMS = {
     "h100_sxm": ("h100_80gb", 989.4, 3350.0, 450.0, "nvlink"),
@@ -84,18 +95,20 @@ def fit(resid, x0, lo, hi):
 
 def fit_gemm(system, peak, bw):
     d = table(system, "gemm", "gemm_perf")
-    # the shapes a transformer's projections have (K, N >= 1024); M up to 32k tokens
-    d = d[(d.gemm_dtype == "bfloat16") & (d.n >= 1024) & (d.k >= 1024) & (d.m <= 32768)]
+    # the shapes a transformer's projections have at TP 1-8 (K, N >= 256); M up to 32k tokens
+    d = d[(d.gemm_dtype == "bfloat16") & (d.n >= 256) & (d.k >= 256) & (d.m <= 32768)]
     m, n, k = d.m.values.astype(float), d.n.values.astype(float), d.k.values.astype(float)
     t = d.latency.values / 1e3
 
     def model(p):
-        eff, half, me, floor = p
-        comp = 2 * n * k * (m + half) / (peak * eff)
+        eff, half, me, floor, half_k_outputs, k_over = p
+        comp = 2 * n * k * (m + half + half_k_outputs * 1e3 / n) * (1 + k_over / k) / (peak * eff)
         mem = (2 * n * k + 2 * m * (n + k)) / (bw * me)
         return np.maximum(np.maximum(comp, mem), floor * 1e-6)
-    p, rms = fit(lambda p: np.log(model(p) / t), [0.7, 64, 0.8, 5], [0.05, 0, 0.05, 0], [1, 4096, 1, 100])
-    return dict(gemm_efficiency=p[0], gemm_half_tokens=p[1], memory_efficiency=p[2], kernel_floor_us=p[3]), rms
+    p, rms = fit(lambda p: np.log(model(p) / t), [0.7, 64, 0.8, 5, 100, 100], [0.05, 0, 0.05, 0, 0, 0],
+                 [1, 4096, 1, 100, 1e5, 1e4])
+    return dict(gemm_efficiency=p[0], gemm_half_tokens=p[1], gemm_half_outputs=p[4] * 1e3, gemm_k_overhead=p[5],
+                memory_efficiency=p[2], kernel_floor_us=p[3]), rms
 
 
 def fit_context_attention(system, peak, floor_us):
@@ -130,11 +143,19 @@ def fit_generation_attention(system, bw, floor_us):
     t = d.latency.values / 1e3
     nbytes = b * ctx * kv * 128 * 2 * 2
 
+    split_below = SM_COUNT[system] / 2
+    blocks = b * kv
+
     def model(p):
-        eff, seq_us, half = p
-        return np.maximum(nbytes / (bw * eff) * (1 + half / (b * kv)) + b * seq_us * 1e-6, floor_us * 1e-6)
-    p, rms = fit(lambda p: np.log(model(p) / t), [0.7, 0.1, 8.0], [0.05, 0, 0], [1, 100, 4096])
-    return dict(attention_decode_efficiency=p[0], attention_decode_seq_us=p[1], attention_decode_half_ctas=p[2]), rms
+        eff, seq_us, half, layer_us, split = p
+        occ = np.where(blocks < split_below, split, blocks)
+        return np.maximum(nbytes / (bw * eff) * (1 + half / occ) + (b * seq_us + layer_us) * 1e-6,
+                          floor_us * 1e-6)
+    p, rms = fit(lambda p: np.log(model(p) / t), [0.7, 0.1, 50.0, 10.0, 200.0], [0.05, 0, 0, 0, 1],
+                 [1, 100, 4096, 500, 1e4])
+    return dict(attention_decode_efficiency=p[0], attention_decode_seq_us=p[1], attention_decode_half_ctas=p[2],
+                attention_decode_layer_us=p[3], attention_decode_split_below=split_below,
+                attention_decode_split_ctas=p[4]), rms
 
 
 def fit_allreduce(system, link, kind):
@@ -165,6 +186,17 @@ def fit_allreduce(system, link, kind):
                 allreduce_bridge_gbps=None), rms
 
 
+def allreduce_table(system):
+    """``{tp: [[message bytes, us], ...]}`` from the CUDA-graph rows, 8 KB and up (median of repeats)."""
+    d = table(system, "comm", "custom_allreduce_perf")
+    d = d[d.kernel_source.str.contains("graph") & (d.message_size * 2 >= 8192)]
+    out = {}
+    for tp, g in d.groupby("num_gpus"):
+        med = g.groupby("message_size").latency.median().sort_index()
+        out[str(int(tp))] = [[int(m * 2), float(f"{lat * 1e3:.4g}")] for m, lat in med.items()]
+    return out
+
+
 def derive(system):
     preset, tflops, hbm, link, kind = SYSTEMS[system]
     peak, bw, link_bw = tflops * 1e12, hbm * 1e9, link * 1e9
@@ -181,6 +213,7 @@ def derive(system):
     a, rms = fit_allreduce(system, link_bw, kind)
     out.update(a)
     notes.append(f"all-reduce {rms:.3f}")
+    out["allreduce_table_us"] = allreduce_table(system)
     out["attention_prefill_layer_us"] = 0.0   # refined end to end (scripts/refine_pass_model.py)
     out["elementwise_kernel_us"] = elementwise_constant_us(system)
     notes.append("elementwise_kernel_us: gpu.mem_empirical_constant_latency of aiconfigurator's "
@@ -201,7 +234,12 @@ def block(system, preset, vals, notes):
              "# each class fitted to this project's cost formula by least squares on log time.",
              f"# Fit quality (rms of log(model/measured) over the table): {'; '.join(notes)}."]
     for k, v in vals.items():
-        lines.append(f"{k}: null" if v is None else f"{k}: {float(f'{v:.3g}')}")
+        if isinstance(v, dict):
+            lines.append(f"# {k}: custom_allreduce_perf.parquet, CUDA-graph rows; message bytes -> microseconds")
+            lines.append(f"{k}:")
+            lines += [f'  "{tp}": {rows}' for tp, rows in v.items()]
+        else:
+            lines.append(f"{k}: null" if v is None else f"{k}: {float(f'{v:.3g}')}")
     lines.append(END)
     return "\n".join(lines) + "\n"
 

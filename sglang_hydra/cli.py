@@ -4,7 +4,9 @@ The legacy flags are translated before Hydra sees the command line (Hydra's own 
 would swallow or misread them).  A plain single run is composed directly and runs at
 once; anything that needs Hydra's runtime (``-m`` sweeps, ``--cfg``, ``--info``,
 ``--help``, shell completion, ``hydra.*`` settings) goes through ``@hydra.main`` with the
-legacy flags rendered as overrides in their original position.
+legacy flags rendered as overrides in their original position.  A deployment (``deploy=pd``,
+``deploy.*`` keys) is composed outside ``@hydra.main``; its ``-m`` sweeps and ``hydra.run.dir``
+are run here with Hydra's override grammar (:mod:`.jobs.deploy_sweep`).
 
 Exit status, on every path (direct, ``@hydra.main``, each sweep launcher):
 
@@ -105,7 +107,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     deployment = deployment_request(argv)      # deploy=..., prefill.*/decode.* or such --config sections
     if deployment is not None:
         if not deployment.is_plain_single():
-            return _deployment(deployment)
+            return _deployment(argv)
         argv = deployment.shared_argv          # a bare deploy=single is the ordinary single run
 
     try:
@@ -146,21 +148,163 @@ def _job_status(result) -> int:
     return result if type(result) is int else EXIT_OK
 
 
-def _deployment(request) -> int:
-    """A deploy=pd command (or a --config file with deployment sections): both sides, then the job."""
-    from .config.deploy import compose_deployment
+def _deployment(argv: Sequence[str]) -> int:
+    """A deploy=pd command (or deploy.* keys, or a --config file with deployment sections): both
+    sides, then the job; ``-m`` runs a sweep of deployments and ``hydra.run.dir`` places the run."""
+    from .config.deploy import deployment_request
     from .jobs.context import JobContext
+    from .jobs.deploy_sweep import command_overrides, point_config, resolve_dirs, split_runtime, write_inputs
     from .jobs.runner import run_job
 
+    runtime = split_runtime(argv)
+    if runtime.problems:
+        _print_problems(ConfigError(runtime.problems))
+        return EXIT_CONFIG
+    if runtime.multirun:
+        return _deployment_sweep(runtime)
+    request = deployment_request(runtime.argv)
+
     def run() -> int:
-        target, job_name, job = compose_deployment(request)
-        # the deploy.* keys and the target hardware, for jobs that simulate the deployment (replay)
-        from .config.deploy import _deploy_settings
-        settings, _explicit = _deploy_settings(request, [])
-        ctx = JobContext(hardware=_deployment_hardware(request), deploy=settings)
+        target, job_name, job, settings, hardware = _compose_deployment_run(request)
+        out_dir, _dirs, problems = resolve_dirs(runtime.settings, [], multirun=False)
+        if problems:
+            raise ConfigError(problems)
+        overrides = command_overrides(runtime.argv)
+        if out_dir is not None:        # hydra.run.dir: the job's directory, with its inputs as Hydra saves them
+            write_inputs(out_dir, overrides, point_config(settings, job))
+        ctx = JobContext(output_dir=out_dir, overrides=tuple(overrides), hardware=hardware, deploy=settings)
         return _job_status(run_job(job_name, target, job, ctx))
 
     return _run_reported(run)
+
+
+def _compose_deployment_run(request):
+    """(target, job name, job settings, deploy settings, target hardware) of one deployment command."""
+    from .config.deploy import _deploy_settings, compose_deployment
+
+    target, job_name, job = compose_deployment(request)
+    # the deploy.* keys and the target hardware, for jobs that simulate the deployment (replay)
+    settings, _explicit = _deploy_settings(request, [])
+    return target, job_name, job, settings, _deployment_hardware(request)
+
+
+def _deployment_sweep(runtime) -> int:
+    """``-m`` over a deployment: every point composed first (a swept value that fails wherever it
+    appears stops the command before anything runs), then each run in its own directory, one
+    after another; a failed point leaves error.json and the others go on; the summary at the end."""
+    import logging
+
+    from .config.deploy import _Once, deployment_request
+    from .jobs import failures
+    from .jobs.deploy_sweep import expand_sweep, never_working, resolve_dirs
+
+    points, problems = expand_sweep(runtime.argv)
+    if not problems:
+        sweep_dir, dirs, problems = resolve_dirs(runtime.settings, points, multirun=True)
+    if not problems:
+        found = failures.earlier_sweep_in(sweep_dir)
+        if found:
+            problems.append(Problem("hydra.sweep.dir", None, f"{sweep_dir} already holds a sweep ({found}); sweeps are "
+                                    f"not merged into one directory: pick another with hydra.sweep.dir=<new "
+                                    f"directory>, or remove {sweep_dir} first", "override"))
+    if problems:
+        _print_problems(ConfigError(problems))
+        return EXIT_CONFIG
+    _setup_logging()
+    composed, failed = {}, {}
+    once = _Once()          # every point composes the same shared settings: their notes once
+    logging.getLogger("sglang_hydra.config").addFilter(once)
+    try:
+        for p in points:
+            try:
+                composed[p.num] = _compose_deployment_run(deployment_request(p.argv))
+            except ConfigError as err:
+                failed[p.num] = list(err.problems)
+    except KeyboardInterrupt:
+        return _interrupted()
+    finally:
+        logging.getLogger("sglang_hydra.config").removeFilter(once)
+    jobs = {c[1] for c in composed.values()} | {o.split("=", 1)[1] for p in points for o in p.overrides
+                                                 if o.split("=", 1)[0].lstrip("+~") == "job"}
+    if "launch" in jobs:
+        _print_problems(ConfigError([Problem("job", None, "job=launch starts one deployment and serves it until "
+                                             "stopped, so it does not sweep (-m would start several at once): "
+                                             "sweep with job=replay (simulated) or job=resolve, then launch the "
+                                             "point you choose without -m", "job")]))
+        return EXIT_CONFIG
+    fatal = never_working(points, failed)
+    if fatal:
+        _print_problems(ConfigError(fatal), "a swept value fails in every point that has it, so nothing ran: ")
+        return EXIT_CONFIG
+    failures.SWEEP_RUNS.clear()
+    failures.SWEEPS_STARTED.clear()
+    failures.SWEEPS_STARTED.append(sweep_dir)
+    import signal
+    previous_term = _terminate_as_interrupt()
+    try:
+        for p, job_dir in zip(points, dirs):
+            _deployment_point(p, job_dir, composed.get(p.num), failed.get(p.num))
+    except KeyboardInterrupt as exc:
+        return _interrupted_sweeps(exc)
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+    failures.SWEEP_RUNS.append(sweep_dir)
+    _summarise(sweep_dir, report=True)
+    return _report_sweeps()
+
+
+def _summarise(sweep_dir, report: bool) -> None:
+    from .jobs.summary import write_summary
+    try:
+        write_summary(sweep_dir, plots=report, report=report)
+    except Exception as err:  # noqa: BLE001 - a broken plot must not hide the sweep's results
+        if report:
+            print(f"sglang-hydra: could not write the sweep summary in {sweep_dir}: {err}", file=sys.stderr)
+
+
+def _deployment_point(point, job_dir, composed, problems) -> None:
+    """One point of a deployment sweep in ``job_dir``: its inputs in .hydra/, then what the job
+    writes (or error.json), then the tables so far (a sweep that dies still leaves them)."""
+    from .jobs import failures
+    from .jobs.context import JobContext
+    from .jobs.deploy_sweep import point_config, write_inputs
+    from .jobs.runner import run_job
+
+    print(f"#{point.num} : {' '.join(point.overrides)}", flush=True)
+    failures.clear_error(job_dir)
+    label = f"job {point.num} ({' '.join(point.overrides)}): "
+    if composed is None:
+        write_inputs(job_dir, point.overrides, {"job": {}})
+        code, message = _report_error(ConfigError(problems), label)
+    else:
+        target, job_name, job, settings, hardware = composed
+        write_inputs(job_dir, point.overrides, point_config(settings, job))
+        ctx = JobContext(output_dir=job_dir, multirun=True, overrides=tuple(point.overrides), hardware=hardware,
+                         deploy=settings)
+        code, message = _sweep_job(lambda: run_job(job_name, target, job, ctx), label)
+    if code != EXIT_OK:
+        failures.write_error(job_dir, point.overrides, message, code)
+    _summarise(job_dir.parent, report=False)
+
+
+def _sweep_job(call: Callable[[], object], label: str) -> Tuple[int, str]:
+    """Run one job (a sweep point, or the run under Hydra): (its exit status, a one-line message when it
+    failed), the failure reported on stderr in the command's own format."""
+    try:
+        code = _job_status(call())
+        if code == EXIT_OK:
+            return EXIT_OK, ""
+    except KeyboardInterrupt:
+        raise
+    except SystemExit as exc:
+        code = _exit_code(exc)
+        if code == EXIT_OK:
+            return EXIT_OK, ""
+    except Exception as exc:
+        return _report_error(exc, label)
+    message = f"the job exited with status {code}"
+    print(f"sglang-hydra: {label}{message}", file=sys.stderr)
+    return code, message
 
 
 def _deployment_hardware(request):
@@ -170,6 +314,9 @@ def _deployment_hardware(request):
     from .config.hardware import compose_hardware
 
     option, settings = None, []
+    from_file = request.file_shared.get("hardware")       # a --config file's choice; the command line wins
+    if isinstance(from_file, str):
+        option = from_file
     for tok in request.shared_argv:
         key, eq, value = str(tok).partition("=")
         if not eq:
@@ -250,7 +397,9 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
         out_dir = Path(hc.runtime.output_dir)
         failures.clear_error(out_dir)
         label = f"job {hc.job.num} ({' '.join(task_overrides)}): " if multirun else ""
-        try:
+        outcome: dict = {}
+
+        def call():
             per_job = Command()
             parse_overrides(task_overrides, per_job, allow_sweep=False)
             composed = values_from_cfg(cfg, cmd)
@@ -260,20 +409,12 @@ def _hydra_main(cmd, hydra_flags: List[str], argv: Sequence[str]) -> int:
                              hardware=composed.hardware)
             from .memory.target import hardware_scope
             with hardware_scope(composed.hardware):
-                result = runner.run_job(composed.job_name, record, composed.job, ctx)
-            if _job_status(result) != EXIT_OK:
-                raise SystemExit(_job_status(result))
-            return result
-        except KeyboardInterrupt:
-            raise
-        except SystemExit as exc:
-            code = _exit_code(exc)
-            if code == EXIT_OK:
-                return None
-            message = f"the job exited with status {code}"
-            print(f"sglang-hydra: {label}{message}", file=sys.stderr)
-        except Exception as exc:
-            code, message = _report_error(exc, label)
+                outcome["result"] = runner.run_job(composed.job_name, record, composed.job, ctx)
+            return outcome["result"]
+
+        code, message = _sweep_job(call, label)
+        if code == EXIT_OK:
+            return outcome.get("result")
         failures.write_error(out_dir, task_overrides, message, code)
         if not multirun:
             single_run["code"] = code

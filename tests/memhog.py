@@ -3,16 +3,16 @@
 Sizing must not depend on what else holds memory right now.  ``hold_memory(12 * GiB)``
 starts a child that maps the bytes and writes one byte per page (so the kernel really
 backs them: they show up in the child's RSS and leave MemAvailable), waits until that is
-done, and stops the child on exit.  When less is free than asked for, it holds what it
-safely can (leaving ``margin`` for the test itself) and says so with a warning and in
-``Hog.note``: the test still runs, it is never skipped silently.
+done, and stops the child on exit.  It holds exactly what it is asked for or fails: when less
+is available than ``nbytes`` plus ``margin`` (kept for the test itself), it raises
+:class:`NotEnoughMemory` naming both figures, so a small runner fails loudly instead of running
+the test under less pressure than its name claims.
 """
 from __future__ import annotations
 
 import contextlib
 import subprocess
 import sys
-import warnings
 from dataclasses import dataclass
 
 from sglang_hydra.memory.hostmem import meminfo_available_bytes
@@ -35,6 +35,10 @@ sys.stdin.read()                          # hold until the parent closes stdin o
 """
 
 
+class NotEnoughMemory(RuntimeError):
+    """The machine cannot hold what the test asked for (the test fails; it must not pass weaker)."""
+
+
 @dataclass
 class Hog:
     requested: int
@@ -55,13 +59,12 @@ class Hog:
 def hold_memory(nbytes: int, *, margin: int = 3 * GiB, timeout: float = 120.0):
     """Hold ``nbytes`` (fewer if that much is not free, with a warning) for the ``with`` body."""
     free = meminfo_available_bytes()
-    held = max(0, min(int(nbytes), free - margin))
-    held -= held % PAGE
+    held = int(nbytes) - int(nbytes) % PAGE
+    if free - margin < held:
+        raise NotEnoughMemory(f"memhog: asked to hold {nbytes / GiB:.1f} GiB but only {free / GiB:.1f} GiB is "
+                              f"available ({margin / GiB:.0f} GiB must stay free for the test); this test needs a "
+                              f"machine with at least {(held + margin) / GiB:.1f} GiB available")
     note = ""
-    if held < nbytes:
-        note = (f"memhog: asked to hold {nbytes / GiB:.1f} GiB but only {free / GiB:.1f} GiB is available; "
-                f"holding {held / GiB:.1f} GiB (keeping {margin / GiB:.0f} GiB for the test)")
-        warnings.warn(note, stacklevel=3)
     proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(held)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
@@ -72,7 +75,11 @@ def hold_memory(nbytes: int, *, margin: int = 3 * GiB, timeout: float = 120.0):
             line = proc.stdout.readline()
         if line.strip() != "ready":
             raise RuntimeError(f"memhog child did not come up holding {held / GiB:.1f} GiB (exit {proc.poll()})")
-        yield Hog(int(nbytes), held, proc.pid, note)
+        hog = Hog(int(nbytes), held, proc.pid, note)
+        if hog.rss_bytes() < held - 64 * PAGE:
+            raise NotEnoughMemory(f"memhog: the child holds {hog.rss_bytes() / GiB:.2f} GiB resident, "
+                                  f"not the {held / GiB:.2f} GiB asked for")
+        yield hog
     finally:
         try:
             proc.stdin.close()

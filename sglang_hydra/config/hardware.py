@@ -39,6 +39,12 @@ class Hardware:
     gemm_half_tokens: float = arg(
         64.0, "Tokens (GEMM rows) at which a GEMM reaches half of gemm_efficiency; smaller GEMMs are "
         "memory-bound anyway.", ge=0.0)
+    gemm_half_outputs: float = arg(
+        0.0, "Output elements (rows x columns) at which a GEMM's tiles fill half the GPU: a narrow GEMM "
+        "(few columns per GPU at high TP) needs more rows to reach gemm_efficiency.", ge=0.0)
+    gemm_k_overhead: float = arg(
+        0.0, "Fixed work of a GEMM tile in units of its inner dimension K (prologue, epilogue): a GEMM "
+        "with a short K runs at gemm_efficiency x K / (K + this).", ge=0.0)
     memory_efficiency: float = arg(
         0.8, "Share of hbm_bandwidth_gbps that weight reads and element-wise kernels reach.", gt=0.0, le=1.0)
     attention_prefill_efficiency: float = arg(
@@ -55,6 +61,15 @@ class Hardware:
     attention_decode_half_ctas: float = arg(
         0.0, "Decode attention: sequences x KV heads per GPU at which the KV read reaches half of "
         "attention_decode_efficiency (small batches leave the GPU's multiprocessors idle).", ge=0.0)
+    attention_decode_layer_us: float = arg(
+        0.0, "Fixed microseconds per layer of a pass with decode attention beyond reading the KV (the "
+        "kernel's launch and the merge of its split-KV partial results).", ge=0.0)
+    attention_decode_split_below: float = arg(
+        0.0, "Decode attention: below this many sequences x KV heads per GPU the kernel splits each "
+        "sequence's context across thread blocks (half a wave of the GPU's SMs); 0: never.", ge=0.0)
+    attention_decode_split_ctas: float = arg(
+        0.0, "Decode attention: the sequences x KV heads whose occupancy (attention_decode_half_ctas) a "
+        "split batch reaches.", ge=0.0)
     attention_decode_efficiency: float = arg(
         0.6, "Share of hbm_bandwidth_gbps decode attention reaches reading the KV cache.", gt=0.0, le=1.0)
     allreduce_efficiency: float = arg(
@@ -64,6 +79,10 @@ class Hardware:
     allreduce_tp_scaling: float = arg(
         0.0, "How an all-reduce's per-GPU rate grows with the group: x (tp/2)^scaling (NVSwitch "
         "multicast makes larger groups faster; 0: flat).", ge=-2.0, le=2.0)
+    allreduce_table_us: Optional[Dict[str, Any]] = arg(
+        None, "Measured all-reduce time by group size: {tp: [[message bytes, microseconds], ...]}, read by "
+        "linear interpolation in the bytes (past the last point along its last segment); a group size it "
+        "lacks (or null) uses the ring model of allreduce_efficiency / allreduce_latency_us.")
     allreduce_bridge_gbps: Optional[float] = arg(
         None, "PCIe cards: the rate, GB/s, that all GPUs of a tensor-parallel group larger than a pair "
         "share (their all-reduce traffic crosses the host bridge); null: every GPU has its own link.", gt=0.0)

@@ -66,10 +66,6 @@ JOB_FIELD_HELP = {
     "repeats": "How many times each measurement is repeated (the median is kept).",
     "server_module": "The Python module that starts one server (run as python -m MODULE).",
     "router_module": "The Python module that starts the router in front of several servers.",
-    "search.modes": "Deployment kinds to enumerate: agg (aggregated servers, replicas x TP) and disagg "
-                    "(prefill and decode workers, TP per side).",
-    "search.router_policies": "sglang-router policies to try in front of several servers (random, round_robin, "
-                              "cache_aware, power_of_two).",
     "pd_pair.requests": "How many requests to transfer.",
     "pd_pair.verify": "Check that every transferred page arrived intact.",
     # job=deploy_search

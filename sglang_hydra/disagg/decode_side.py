@@ -15,8 +15,10 @@ Late writes (deferred release). With a one-sided engine, prefill may still be wr
 failed room's pages. :meth:`CommonKVReceiver.is_abort_release_safe` says when they can go back
 to the allocator: prefill never learned them, prefill confirmed it stopped (``ABORT_ACK`` or a
 settled terminal status), the backend cannot be written to behind our back, or the prefill is
-lost (the heartbeat declared it gone: its process, and with it its engine, is treated as dead,
-so the pages come back at once instead of pinning the pool for the release timeout).
+provably dead (the heartbeat declared it lost *and* the backend proved its engine gone:
+``prefill_writes_impossible``), so the pages come back at once instead of pinning the pool for
+the release timeout. A prefill that is only unreachable (a cut link, a dead bootstrap server)
+may still write when the link returns: its rooms' pages wait for the release timeout.
 """
 from __future__ import annotations
 
@@ -79,6 +81,7 @@ class DecodeKVManager(KVManagerCore):
         self._prefill_done: Set[int] = set()         # prefill will not write these rooms again
         self._peer_extras: Dict[str, Dict[str, Any]] = {}   # prefill control endpoint -> REG_ACK body
         self._lost_endpoints: Set[str] = set()       # prefills the heartbeat declared lost
+        self._dead_endpoints: Set[str] = set()       # ... of those, the ones provably unable to write
         self.lost_prefills: Dict[str, str] = {}      # bootstrap addr -> why it is gone
         self.config_mismatch: Dict[str, PeerConfigError] = {}
         self.deferred_release = self.env.deferred_release
@@ -98,8 +101,25 @@ class DecodeKVManager(KVManagerCore):
 
     # ---------------------------------------------------------------- connection to a prefill
     def _bootstrap_kw(self) -> Dict[str, Any]:
-        return dict(retries=self.env.bootstrap_retries, timeout=self.env.bootstrap_http_timeout,
+        return dict(retries=self._bootstrap_retries(), timeout=self.env.bootstrap_http_timeout,
                     backoff=self.env.bootstrap_backoff, secret=self.bootstrap_secret)
+
+    def _bootstrap_retries(self) -> int:
+        """The configured retries, raised so the retries' backoff spans two heartbeat intervals.
+
+        A bootstrap server that restarted answers 503 until the prefill re-registers, which it
+        does on its next heartbeat tick (``SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL``); giving up
+        sooner would declare a live prefill unreachable (found by the fault matrix).
+        """
+        retries, waited, delay = self.env.bootstrap_retries, 0.0, max(self.env.bootstrap_backoff, 0.01)
+        for _ in range(retries - 1):
+            waited += delay
+            delay = min(delay * 2, 2.0)
+        while waited < 2 * self.env.heartbeat_interval and retries < 64:
+            retries += 1
+            waited += delay
+            delay = min(delay * 2, 2.0)
+        return retries
 
     def _check_compatible(self, addr: str, info: Dict[str, Any]) -> None:
         if int(info["page_size"]) != self.args.page_size:
@@ -157,6 +177,7 @@ class DecodeKVManager(KVManagerCore):
             conn = PrefillConn(addr=addr, info=info, endpoint=endpoint, sock=sock)
             self._conns[addr] = conn
             self._lost_endpoints.discard(endpoint)
+            self._dead_endpoints.discard(endpoint)
             self.lost_prefills.pop(addr, None)
             logger.info("[decode] bootstrap %s -> prefill rank tcp://%s; registered %d buffers as %s",
                         addr, endpoint, len(a.kv_data_ptrs), self.session[:8])
@@ -266,10 +287,15 @@ class DecodeKVManager(KVManagerCore):
                     continue
                 conn.misses += 1
                 # a prefill whose engine is provably gone needs no second miss
-                if conn.misses >= self.env.heartbeat_max_failure or self.prefill_writes_impossible(conn.endpoint):
+                dead = self.prefill_writes_impossible(conn.endpoint)
+                if conn.misses >= self.env.heartbeat_max_failure or dead:
                     reason = f"Lost connection with prefill instance (bootstrap_addr: {addr})"
-                    logger.warning("[decode] %s; failing %d request(s)", reason, len(rooms))
+                    logger.warning("[decode] %s; failing %d request(s)%s", reason, len(rooms),
+                                   "" if dead else "; its engine may still be alive (only the bootstrap server "
+                                   "or the link may be gone), so pages it may write stay held")
                     self._lost_endpoints.add(conn.endpoint)
+                    if dead:
+                        self._dead_endpoints.add(conn.endpoint)
                     self.lost_prefills[addr] = reason
                     self.drop_prefill(addr)
                     for room in rooms:
@@ -359,7 +385,10 @@ class CommonKVReceiver(BaseKVReceiver):
             return True
         if self.room in mgr._prefill_done:
             return True
-        return self.prefill_endpoint is not None and self.prefill_endpoint in mgr._lost_endpoints
+        # lost is not enough: a live prefill behind a cut link or a dead bootstrap server can still
+        # write once the link returns (found by the fault matrix), so only a prefill whose engine
+        # is provably gone frees the pages early; otherwise the deferred-release timeout does
+        return self.prefill_endpoint is not None and self.prefill_endpoint in mgr._dead_endpoints
 
     def failure_exception(self):
         raise KVTransferError(self.room, self.mgr.failure_reasons.get(self.room, DEFAULT_PREFILL_FAILURE_REASON))

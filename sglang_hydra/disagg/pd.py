@@ -276,6 +276,10 @@ class PrefillWorker:
                     if room not in seen:
                         seen.add(room)
                         pending.append((room, len(info.dst_pages)))
+            if stop is not None and stop.is_set() and not reactive:
+                # decode is done: the rooms it never asked for will never be asked for
+                self._give_up(pending, inflight, res, pages_per_request, "decode ended its run without "
+                              "asking for this room")
             if not pending and not inflight:
                 if not reactive or (stop is not None and stop.is_set()):
                     break
@@ -284,13 +288,26 @@ class PrefillWorker:
             elif stop is not None and stop.is_set() and not inflight:
                 break
             if deadline is not None and now > deadline:
-                for room, st in inflight.items():
-                    mgr.fail(room, "prefill run deadline exceeded")
+                self._give_up(pending, inflight, res, pages_per_request, "prefill run deadline exceeded",
+                              sent_too=True)
                 deadline = None  # let the loop collect them once
             while pending and len(inflight) < max_inflight:
                 item = pending[0]
                 room, npages = item if isinstance(item, tuple) else (item, pages_per_request)
                 pages = self.allocator.alloc(npages)
+                if pages is None and not inflight:
+                    # nothing in flight will free a page: this request can never fit, so fail it
+                    # now instead of waiting out the run's timeout
+                    pending.popleft()
+                    reason = (f"{npages} KV pages do not fit in this prefill's pool "
+                              f"({self.allocator.available()} free)")
+                    logger.error("[prefill] room %d: %s", room, reason)
+                    if reactive:
+                        mgr.reject(room, reason)
+                        seen.discard(room)
+                    res.requests.append(RequestResult(room=room, status="Failed", pages=npages, bytes=0,
+                                                      reason=reason))
+                    continue
                 if pages is None:
                     break
                 pending.popleft()
@@ -331,6 +348,19 @@ class PrefillWorker:
             if not changed:
                 mgr.status.wait_for_change(version, 0.02)
         return _finish(res, self.allocator, t0, first_send, last_done)
+
+    def _give_up(self, pending: deque, inflight: Dict[int, list], res: SideResult, pages_per_request,
+                 reason: str, sent_too: bool = False) -> None:
+        """Fail the rooms not started (``pending``) and those whose pages were never sent (or all
+        of ``inflight`` with ``sent_too``); the serve loop then collects the failed ones."""
+        for item in pending:
+            room, npages = item if isinstance(item, tuple) else (item, pages_per_request)
+            res.requests.append(RequestResult(room=room, status="Failed", pages=npages or 0, bytes=0,
+                                              reason=reason))
+        pending.clear()
+        for room, (sender, pages, sent, ts) in inflight.items():
+            if sent_too or not sent:
+                self.mgr.fail(room, reason)
 
     def close(self) -> None:
         try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import queue
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ import zmq
 from . import control
 from .addressing import Entry, build_entries_fast
 from .base import BaseKVSender, KVTransferMetric
-from .bootstrap import register_rank
+from .bootstrap import BootstrapError, fetch_rank, register_rank
 from .checksum import adler32_pages
 from .manager import KVManagerCore
 from .states import TERMINAL, KVPoll, KVTransferError
@@ -52,6 +53,7 @@ class Peer:
     sock: Any
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False  # set under ``lock`` once the socket is closed; senders must check it
+    gone: Optional[str] = None  # why this decode is known dead (its control port refuses connections)
 
 
 _Peer = Peer   # the name the backends and older tests use
@@ -99,6 +101,9 @@ class PrefillKVManager(KVManagerCore):
                                           name=f"disagg-transfer-{i}") for i, q in enumerate(self._queues)]
         for w in self._workers:
             w.start()
+        self._registered = threading.Event()
+        self._keeper = threading.Thread(target=self._keep_registered, daemon=True, name="disagg-bootstrap-keeper")
+        self._keeper.start()
 
     # ---------------------------------------------------------------- backend hooks
     def on_peer_registered(self, peer: Peer) -> None:
@@ -142,7 +147,35 @@ class PrefillKVManager(KVManagerCore):
         register_rank(self.bootstrap_addr, payload, retries=self.env.bootstrap_retries,
                       timeout=self.env.bootstrap_http_timeout, backoff=self.env.bootstrap_backoff,
                       secret=self.bootstrap_secret)
+        self._registration = payload
+        self._registered.set()
         logger.info("[prefill] rank registered at bootstrap %s as tcp://%s", self.bootstrap_addr, self.endpoint)
+
+    def _keep_registered(self) -> None:
+        """Re-register with a bootstrap server that restarted (it lost the route table).
+
+        Every heartbeat interval (``SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL``) once registered:
+        look up our own rank; a server that answers but does not know us gets the registration
+        again (one attempt; the next tick retries). Without this, a bootstrap server that was
+        killed and restarted answers every new decode with 503 forever, though prefill is alive.
+        """
+        while not self._stop.wait(self.env.heartbeat_interval):
+            if not self._registered.is_set():
+                continue
+            try:
+                fetch_rank(self.bootstrap_addr, 0, 0, self.args.engine_rank, 0, retries=1,
+                           timeout=self.env.bootstrap_http_timeout, secret=self.bootstrap_secret, retry_on=())
+                continue
+            except BootstrapError as e:
+                if "HTTP 404" not in str(e) and "HTTP 503" not in str(e):
+                    continue   # unreachable: nothing to re-register with yet
+            try:
+                register_rank(self.bootstrap_addr, self._registration, retries=1,
+                              timeout=self.env.bootstrap_http_timeout, secret=self.bootstrap_secret)
+                logger.warning("[prefill] bootstrap %s had lost this rank (restarted?); registered it again",
+                               self.bootstrap_addr)
+            except BootstrapError as e:
+                logger.debug("[prefill] re-registration failed: %s", e)
 
     # ---------------------------------------------------------------- control messages
     def _handle(self, frames: List[bytes]) -> None:
@@ -203,6 +236,18 @@ class PrefillKVManager(KVManagerCore):
         self.transfer_infos[info.room] = info
         self.status.update(info.room, KVPoll.WaitingForInput)
 
+    def reject(self, room: int, reason: str) -> None:
+        """Fail ``room`` before any transfer and tell its decode why (it need not wait for a timeout)."""
+        self.fail(room, reason)
+        info = self.transfer_infos.get(room)
+        with self._peers_lock:
+            peer = self.peers.get(info.session) if info else None
+        self._send_status(peer, control.StatusMessage(room, KVPoll.Failed, reason, settled=True))
+        # nothing will run for this room here: forget it as a sender's clear() would
+        self.status.pop(room)
+        self.failure_reasons.pop(room, None)
+        self.transfer_infos.pop(room, None)
+
     def _owns(self, room: int, session: str) -> bool:
         info = self.transfer_infos.get(room)
         return info is not None and info.session == session
@@ -229,7 +274,7 @@ class PrefillKVManager(KVManagerCore):
                               block=False)
 
     def _send_frames(self, peer: Optional[Peer], frames: List[bytes], what: str, block: bool = True) -> None:
-        if peer is None:
+        if peer is None or peer.gone:   # nobody is listening: do not wait a send timeout for it
             return
         try:
             with peer.lock:
@@ -307,6 +352,9 @@ class PrefillKVManager(KVManagerCore):
         if info is None or peer is None:
             self.fail(room, f"no destination known for room {room}")
             return None
+        if peer.gone:   # an earlier room found this decode dead: do not wait a send timeout per room
+            self.fail(room, f"decode {peer.reg.ip}:{peer.reg.port} is gone ({peer.gone})")
+            return None
         if len(info.dst_pages) != len(job.src_pages):
             reason = (f"page count mismatch for room {room}: prefill sends {len(job.src_pages)}, "
                       f"decode expects {len(info.dst_pages)}")
@@ -345,6 +393,10 @@ class PrefillKVManager(KVManagerCore):
         """Advance one job; True once it has been concluded."""
         room = a.job.room
         if a.handle is None:
+            if a.peer.gone:   # found dead while this room waited: nothing was posted, nothing can land
+                self.fail(room, f"decode {a.peer.reg.ip}:{a.peer.reg.port} is gone ({a.peer.gone})")
+                self._finish(a, -1, f"decode is gone ({a.peer.gone})", settled=True)
+                return True
             if not self._post(a):
                 return True
             a.handle = self.start_transfer(a.peer, room, a.entries)
@@ -355,8 +407,26 @@ class PrefillKVManager(KVManagerCore):
         self._finish(a, rc, reason, settled)
         return True
 
+    @staticmethod
+    def _decode_gone(peer: Peer) -> Optional[str]:
+        """Why ``peer`` is provably dead (its control port refuses connections), or None.
+
+        Checked after a failed transfer only: a decode killed mid-run otherwise costs every one
+        of its queued rooms a full send timeout in turn (found by the fault matrix: 8 rooms x
+        ``SGLANG_HYDRA_DISAGG_PREFILL_SEND_TIMEOUT``). A timeout is not proof (a slow or cut link).
+        """
+        try:
+            with socket.create_connection((peer.reg.ip, int(peer.reg.port)), timeout=0.5):
+                return None
+        except ConnectionRefusedError:
+            return "its control port refuses connections"
+        except OSError:
+            return None
+
     def _finish(self, a: _Active, rc: int, reason: str, settled: bool) -> None:
         room, peer = a.job.room, a.peer
+        if rc != 0 and peer.gone is None:
+            peer.gone = self._decode_gone(peer)
         if rc != 0:
             reason = f"Failed to send kv chunk of {room} to {peer.reg.ip}:{peer.reg.port}: {reason}"
             if self.status.get(room) != KVPoll.Failed:
@@ -407,6 +477,7 @@ class PrefillKVManager(KVManagerCore):
 
     # ---------------------------------------------------------------- teardown
     def _close_role(self) -> None:
+        self._keeper.join(timeout=self.env.bootstrap_http_timeout + 1)
         # a worker finishes its current job first; that is bounded by the send timeout
         for t in self._workers:
             t.join(timeout=self.env.prefill_send_timeout + 2)

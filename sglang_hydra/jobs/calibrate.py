@@ -51,7 +51,8 @@ CPU_PREFILL_LENGTHS = (32, 64, 128, 256)
 GPU_DECODE_SHAPES = ((1, 4096), (8, 2048), (32, 4096), (64, 1024), (128, 2048))
 CPU_DECODE_SHAPES = ((1, 256), (4, 128), (8, 512), (16, 64))
 #: preset fields one GPU cannot measure: kept from the base preset
-KEPT_FROM_BASE = ("allreduce_efficiency", "allreduce_latency_us", "allreduce_bridge_gbps", "pass_overhead_us",
+KEPT_FROM_BASE = ("allreduce_efficiency", "allreduce_latency_us", "allreduce_bridge_gbps", "allreduce_table_us",
+                  "pass_overhead_us",
                   "tp_link", "nvlink_gbps", "nic_gbps", "host_memory_gb", "storage_read_gbps", "storage_write_gbps")
 
 

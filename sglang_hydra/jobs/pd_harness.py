@@ -120,12 +120,12 @@ def _child_logging(role: str) -> None:
                         format=f"%(asctime)s [{role}] %(name)s %(levelname)s: %(message)s")
 
 
-def _prefill_entry(values, env, kwargs, q) -> None:
+def _prefill_entry(values, env, kwargs, q, stop=None) -> None:
     os.environ.update(env)
     _child_logging("prefill")
     try:
         record = _rebuild_record(values)
-        res = run_prefill(record, ready=lambda ep: q.put(("ready", "prefill", ep)), **kwargs)
+        res = run_prefill(record, ready=lambda ep: q.put(("ready", "prefill", ep)), stop=stop, **kwargs)
         q.put(("result", "prefill", res.to_dict()))
     except BaseException as e:
         logging.getLogger(__name__).exception("prefill failed")
@@ -185,6 +185,7 @@ def run_pair(record, *, requests: int, pages_per_request: int, timeout: float = 
     errors: List[str] = []
     results: Dict[str, SideResult] = {}
     pre = dec = None
+    decode_done = ctx.Event()   # set once decode answered: prefill then fails the rooms never asked for
     try:
         if backend != "fake":
             pv = dict(values, disaggregation_mode="prefill")
@@ -192,7 +193,7 @@ def run_pair(record, *, requests: int, pages_per_request: int, timeout: float = 
                 pv, env, dict(requests=requests, pages_per_request=pages_per_request, host=host,
                               bootstrap_port=port, room_base=room_base, geometry=geometry,
                               max_inflight=max(32, 2 * max_inflight), fill=fill, warmup=warmup,
-                              timeout=max(1.0, deadline - time.monotonic() - 2)), q))
+                              timeout=max(1.0, deadline - time.monotonic() - 2)), q, decode_done))
             pre.start()
             _wait_ready(q, pre, deadline)
         dv = dict(values, disaggregation_mode="decode")
@@ -202,7 +203,7 @@ def run_pair(record, *, requests: int, pages_per_request: int, timeout: float = 
                           geometry=geometry, max_inflight=max_inflight, verify=verify, warmup=warmup,
                           timeout=max(1.0, deadline - time.monotonic() - 2)), q))
         dec.start()
-        _collect(q, {"prefill": pre, "decode": dec}, results, errors, deadline, timeout)
+        _collect(q, {"prefill": pre, "decode": dec}, results, errors, deadline, timeout, decode_done)
     except (TimeoutError, RuntimeError) as e:
         errors.append(str(e))
     finally:
@@ -220,8 +221,12 @@ def run_pair(record, *, requests: int, pages_per_request: int, timeout: float = 
 
 
 def _collect(q, procs: Dict[str, Any], results: Dict[str, SideResult], errors: List[str], deadline: float,
-             timeout: float) -> None:
-    """Read results and errors from ``q`` until every started side has answered or died."""
+             timeout: float, decode_done=None) -> None:
+    """Read results and errors from ``q`` until every started side has answered or died.
+
+    Once decode has answered (or failed), ``decode_done`` is set: the prefill stops waiting for
+    rooms decode will never ask for, instead of waiting out the pair's timeout.
+    """
     expected = {name for name, p in procs.items() if p is not None}
     while expected - set(results) - {e.split(":")[0] for e in errors}:
         left = deadline - time.monotonic()
@@ -246,6 +251,8 @@ def _collect(q, procs: Dict[str, Any], results: Dict[str, SideResult], errors: L
             results[role] = SideResult.from_dict(payload)
         elif kind == "error":
             errors.append(f"{role}: {payload}")
+        if role == "decode" and decode_done is not None:
+            decode_done.set()
 
 
 # ------------------------------------------------------------------------------------ terminal tables

@@ -258,6 +258,13 @@ def evaluate(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
         problems.append(Problem("job.sla.ttft_ms", None, f"must be > 0 ms, got {sla_ttft:g}", "replay"))
     if not sla_tpot > 0:
         problems.append(Problem("job.sla.tpot_ms", None, f"must be > 0 ms, got {sla_tpot:g}", "replay"))
+    semantics = job.get("cache_semantics") or "rules"
+    if semantics != "rules" and any(getattr(r, "enable_hierarchical_cache", False)
+                                    for r in (record, prefill, decode) if r is not None):
+        problems.append(Problem("job.cache_semantics", None,
+                                f"{semantics} models the engine's one-tier radix cache; it cannot run with "
+                                "memory.enable_hierarchical_cache (HiCache); use job.cache_semantics=rules there",
+                                "replay"))
     if hardware is None:
         problems.append(Problem("hardware", None, "job=replay times every pass on a target GPU; choose one, "
                                 "e.g. hardware=h100_80gb", "replay"))
@@ -449,7 +456,8 @@ def _document(*, record, target_disagg, built, groups, job, ctx, mode, arrival, 
     reqs = result.requests
     first = min((s.arrival_s for s in reqs), default=0.0)
     last = max((s.arrival_s for s in reqs), default=0.0)
-    simulation = {"wall_time_s": result.wall_time_s, "events": result.events, "arrival_span_s": last - first}
+    simulation = {"wall_time_s": result.wall_time_s, "events": result.events, "arrival_span_s": last - first,
+                  "cache_semantics": job.get("cache_semantics") or "rules"}
     if skipped:
         simulation["skipped_lines"] = skipped
     if "front" in result.routers and model.router_policy == "cache_aware":

@@ -940,8 +940,9 @@ def plot_pareto(sweep_dir: Path, rows, swept) -> bool:
         ax.plot([], [], " ", label="labels: " + ", ".join(_short(k) for k in swept))
     ax.set_xlabel(f"{xname} ({xunit})")
     ax.set_ylabel(f"{yname} ({yunit})")
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
+    # room above and to the right of the highest points for their labels and the legend
+    ax.set_xlim(left=0, right=ax.dataLim.x1 * 1.15 if ax.dataLim.x1 > 0 else None)
+    ax.set_ylim(bottom=0, top=ax.dataLim.y1 * 1.3 if ax.dataLim.y1 > 0 else None)
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_formatter(matplotlib.ticker.FuncFormatter(_tick))
     what = "memory vs latency" if xm == "host_memory_gb" else "throughput per GPU vs speed per user"

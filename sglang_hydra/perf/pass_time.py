@@ -6,19 +6,29 @@ A pass is costed as the kernels SGLang runs for it, per tensor-parallel rank:
   query and KV projections), the gated MLP (gate/up, down), for mixture-of-experts layers
   the routed experts a token runs through plus the shared experts, and the LM head (one
   row per sequence: logits are computed for a sequence's last token only).  Each GEMM
-  takes the longer of its compute, ``2*M*K*N`` FLOPs at ``bf16_tflops * eff(M)`` with
-  ``eff(M) = gemm_efficiency * M / (M + gemm_half_tokens)``, and its memory traffic
+  takes the longer of its compute, ``2*M*K*N`` FLOPs at ``bf16_tflops * eff`` with
+  ``eff = gemm_efficiency * M / (M + gemm_half_tokens + gemm_half_outputs / N) * K / (K + gemm_k_overhead)``
+  (few rows, or few output tiles at high TP, leave SMs idle; a short K spends more of each tile
+  in its prologue and epilogue), and its memory traffic
   (weights plus activations at ``hbm_bandwidth_gbps * memory_efficiency``), never less
   than ``kernel_floor_us``;
 * **attention**: prefill is causal over the cached and new tokens, ``2*(d_qk + d_v)`` FLOPs
   per (query, key) pair and head at ``attention_prefill_efficiency`` of the peak (plus
   ``attention_prefill_extra_pairs`` per token and ``attention_prefill_layer_us`` per layer);
   decode reads the whole KV of every sequence at ``attention_decode_efficiency`` of the HBM
-  rate, slower while few sequences x KV heads occupy the GPU (``attention_decode_half_ctas``);
+  rate, slower while few sequences x KV heads occupy the GPU (``attention_decode_half_ctas``),
+  plus ``attention_decode_seq_us`` per sequence and ``attention_decode_layer_us`` per layer
+  (the kernel's launch and the merge of its split-KV partial results).  Batches of fewer than
+  ``attention_decode_split_below`` sequences x KV heads are split along the context and
+  occupy the GPU like ``attention_decode_split_ctas`` of them;
 * **tensor-parallel all-reduce**: two per layer (after attention and after the MLP) of the
   pass's activations, a ring over the link the preset names (``tp_link``: NVLink within a
   node, PCIe for cards without it) at ``allreduce_efficiency x (tp/2)^allreduce_tp_scaling``,
-  plus ``allreduce_latency_us`` each; PCIe groups above a pair share ``allreduce_bridge_gbps``;
+  plus ``allreduce_latency_us`` each; PCIe groups above a pair share ``allreduce_bridge_gbps``.
+  Where the preset carries measured all-reduce times for the group size
+  (``allreduce_table_us``), those are interpolated by message size instead: a custom
+  all-reduce's rate ramps with the message (latency-bound at a few KB, one-shot to two-shot
+  around a few MB), which no single latency + bytes/rate line follows;
 * **element-wise kernels** (fused residual add + norm twice, the gated activation): memory
   traffic of the activations plus ``elementwise_kernel_us`` each;
 * ``pass_overhead_us`` per pass.
@@ -53,11 +63,33 @@ QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 #: hardware fields the model reads (all from conf/hardware/<name>.yaml)
 HARDWARE_PERF_FIELDS = (
-    "bf16_tflops", "hbm_bandwidth_gbps", "gemm_efficiency", "gemm_half_tokens", "memory_efficiency",
+    "bf16_tflops", "hbm_bandwidth_gbps", "gemm_efficiency", "gemm_half_tokens", "gemm_half_outputs", "gemm_k_overhead",
+    "memory_efficiency",
     "attention_prefill_efficiency", "attention_prefill_extra_pairs", "attention_prefill_layer_us", "attention_decode_efficiency",
-    "attention_decode_seq_us", "attention_decode_half_ctas", "allreduce_efficiency", "allreduce_latency_us", "allreduce_tp_scaling", "allreduce_bridge_gbps",
+    "attention_decode_seq_us", "attention_decode_layer_us", "attention_decode_half_ctas",
+    "attention_decode_split_below", "attention_decode_split_ctas", "allreduce_efficiency", "allreduce_latency_us", "allreduce_tp_scaling", "allreduce_bridge_gbps", "allreduce_table_us",
     "kernel_floor_us", "elementwise_kernel_us", "pass_overhead_us", "tp_link", "nvlink_gbps", "h2d_gbps",
 )
+
+
+def allreduce_points(table: Any, tp: int) -> Optional[List[Tuple[float, float]]]:
+    """The ``[(message bytes, microseconds), ...]`` rows of ``hardware.allreduce_table_us`` for a
+    group of ``tp`` GPUs, sorted by size; None when the table has no such group.  Raises
+    :class:`PassModelError` naming the key when the rows are not positive number pairs."""
+    if not table:
+        return None
+    rows = table.get(str(tp), table.get(tp)) if isinstance(table, dict) else None
+    if rows is None:
+        return None
+    key = f"hardware.allreduce_table_us.{tp}"
+    try:
+        pts = sorted((float(b), float(us)) for b, us in rows)
+    except (TypeError, ValueError):
+        raise PassModelError(f"{key} must be a list of [message bytes, microseconds] pairs, got {rows!r}") from None
+    if len(pts) < 2 or any(b <= 0 or us <= 0 for b, us in pts) or len({b for b, _ in pts}) != len(pts):
+        raise PassModelError(f"{key} needs at least two [message bytes, microseconds] pairs with distinct "
+                             f"positive sizes and positive times, got {rows!r}")
+    return pts
 
 
 class PassModelError(ValueError):
@@ -115,6 +147,8 @@ class PassModel:
         mem_rate = bw * float(hw["memory_efficiency"])
         gemm_rate = peak * float(hw["gemm_efficiency"])
         self._half = float(hw["gemm_half_tokens"])
+        half_out = float(hw.get("gemm_half_outputs") or 0.0)
+        k_over = float(hw.get("gemm_k_overhead") or 0.0)
         self._floor = float(hw["kernel_floor_us"]) * US
         self._overhead = float(hw["pass_overhead_us"]) * US
         heads_r = heads // tp
@@ -159,13 +193,15 @@ class PassModel:
             gemms.append(_Gemm("gate_up", hidden, 2 * i_r, dense_layers, "gemm"))
             gemms.append(_Gemm("down", i_r, hidden, dense_layers, "gemm"))
         self.gemms = tuple(gemms)
-        # per GEMM: (count, compute s per (token + half), weight-read s, activation s per token)
+        # per GEMM: (count, compute s per (token + half), weight-read s, activation s per token, class,
+        # its half tokens)
         self._gemm_consts = tuple(
-            (g.count, 2.0 * g.k * g.n / gemm_rate, weight_itemsize * g.k * g.n / mem_rate,
-             ACT_BYTES * (g.k + g.n) / mem_rate, g.cls) for g in gemms)
+            (g.count, 2.0 * g.k * g.n * (1.0 + k_over / g.k) / gemm_rate, weight_itemsize * g.k * g.n / mem_rate,
+             ACT_BYTES * (g.k + g.n) / mem_rate, g.cls, self._half + half_out / g.n) for g in gemms)
         v_r = vocab // tp
-        self._lm = (2.0 * hidden * v_r / gemm_rate, weight_itemsize * hidden * v_r / mem_rate,
+        self._lm = (2.0 * hidden * v_r * (1.0 + k_over / hidden) / gemm_rate, weight_itemsize * hidden * v_r / mem_rate,
                     ACT_BYTES * (hidden + v_r) / mem_rate) if v_r else (0.0, 0.0, 0.0)
+        self._lm_half = self._half + (half_out / v_r if v_r else 0.0)
 
         # attention
         att_peak = peak * float(hw["attention_prefill_efficiency"])
@@ -182,8 +218,16 @@ class PassModel:
         self._attn_layer_s = layers * float(hw["attention_prefill_layer_us"]) * US
         self._dec_kv_s = self.kv_bytes_per_token / (bw * float(hw["attention_decode_efficiency"]))
         self._dec_seq_s = layers * float(hw["attention_decode_seq_us"]) * US
+        self._dec_layer_s = layers * float(hw.get("attention_decode_layer_us") or 0.0) * US
         # few sequences x KV heads leave SMs idle: the KV read runs at eff x n / (n + half)
-        self._dec_half_seqs = float(hw["attention_decode_half_ctas"]) / (1 if mla else kv_r)
+        dec_kv_r = 1 if mla else kv_r
+        self._dec_half_seqs = float(hw["attention_decode_half_ctas"]) / dec_kv_r
+        # small batches are split along the context: below split_below / kv_r sequences the
+        # occupancy is that of split_ctas / kv_r sequences
+        self._dec_split_below = float(hw.get("attention_decode_split_below") or 0.0) / dec_kv_r
+        self._dec_split_seqs = float(hw.get("attention_decode_split_ctas") or 0.0) / dec_kv_r
+        if self._dec_split_seqs <= 0:        # no split occupancy given: no split
+            self._dec_split_below = 0.0
         self._attn_floor = layers * self._floor
 
         # all-reduce: a ring moves 2 (tp-1)/tp of the payload per GPU
@@ -201,6 +245,12 @@ class PassModel:
             self._ar_fixed = 2 * layers * float(hw["allreduce_latency_us"]) * US
         else:
             self._ar_per_token = self._ar_fixed = 0.0
+        # a measured table for this group size replaces the ring: (tokens, s per pass) knots
+        self._ar_knots: Optional[Tuple[Tuple[float, float], ...]] = None
+        table = allreduce_points(hw.get("allreduce_table_us"), tp) if tp > 1 else None
+        if table:
+            per_token = ACT_BYTES * hidden
+            self._ar_knots = tuple((b / per_token, 2 * layers * us * US) for b, us in table)
 
         # element-wise kernels
         i_act = (intermediate // tp) if not moe else (moe[1] * moe[2] // tp)
@@ -348,15 +398,16 @@ class PassModel:
             t += moe
         rows = prefill_seqs + decode_seqs
         c, w, a = self._lm
-        x = c * (rows + self._half)
+        x = c * (rows + self._lm_half)
         y = w + a * rows
         t += x if x > y else y
         if prefill_attn_pairs:
             x = (prefill_attn_pairs + self._attn_extra_pairs * (m - decode_seqs)) * self._attn_pair_s
             t += (x if x > self._attn_floor else self._attn_floor) + self._attn_layer_s
         if decode_seqs:
-            x = decode_kv_tokens * self._dec_kv_s * (1.0 + self._dec_half_seqs / decode_seqs) \
-                + decode_seqs * self._dec_seq_s
+            occ = self._dec_split_seqs if decode_seqs < self._dec_split_below else decode_seqs
+            x = decode_kv_tokens * self._dec_kv_s * (1.0 + self._dec_half_seqs / occ) \
+                + decode_seqs * self._dec_seq_s + self._dec_layer_s
             y = decode_kv_tokens * self._dec_flop_s
             if y > x:
                 x = y
@@ -368,25 +419,40 @@ class PassModel:
         the pass overhead for ``m`` tokens: what ``step_s`` reads from the piecewise table."""
         floor = self._floor
         t = self._overhead
-        for count, c, w, a, _cls in self._gemm_consts:
-            t += count * max(c * (m + self._half), w + a * m, floor)
+        for count, c, w, a, _cls, h in self._gemm_consts:
+            t += count * max(c * (m + h), w + a * m, floor)
         if self._has_ar:
-            t += self._ar_fixed + m * self._ar_per_token
+            t += self._allreduce_s(m)
         return t + m * self._elem_per_token + self._elem_fixed
+
+    def _allreduce_s(self, m: float) -> float:
+        """Both all-reduces of every layer for ``m`` tokens: the measured table interpolated
+        linearly (flat below its first point, along its last segment past the end), else the ring."""
+        knots = self._ar_knots
+        if knots is None:
+            return self._ar_fixed + m * self._ar_per_token
+        if m <= knots[0][0]:
+            return knots[0][1]
+        for (x0, y0), (x1, y1) in zip(knots, knots[1:]):
+            if m <= x1:
+                break
+        return y0 + (y1 - y0) * (m - x0) / (x1 - x0)
 
     def _build_piecewise(self) -> None:
         """Each term of :meth:`_token_terms` is a max of lines in ``m``, so their sum is linear
         between the points where any term changes regime: find those, then store each
         interval's slope and intercept (exact, not an approximation)."""
-        floor, h = self._floor, self._half
+        floor = self._floor
         points = set()
-        for _count, c, w, a, _cls in self._gemm_consts:
+        for _count, c, w, a, _cls, h in self._gemm_consts:
             if c != a:
                 points.add((w - c * h) / (c - a))
             if c:
                 points.add((floor - c * h) / c)
             if a:
                 points.add((floor - w) / a)
+        if self._ar_knots:
+            points.update(x for x, _ in self._ar_knots)
         breaks = sorted(x for x in points if x > 0)
         edges = [0.0] + breaks + [(breaks[-1] if breaks else 0.0) + 3.0]
         slopes, icepts = [], []
@@ -433,23 +499,24 @@ class PassModel:
         if prefill_seqs is None:
             prefill_seqs = 1 if m > decode_seqs else 0
         out["overhead"] = self._overhead
-        for count, c, w, a, cls in self._gemm_consts:
-            out[cls] += count * max(c * (m + self._half), w + a * m, self._floor)
+        for count, c, w, a, cls, h in self._gemm_consts:
+            out[cls] += count * max(c * (m + h), w + a * m, self._floor)
         if self._moe is not None:
             out["moe"] += self._moe_s(m)
         rows = prefill_seqs + decode_seqs
         c, w, a = self._lm
-        out["lm_head"] = max(c * (rows + self._half), w + a * rows)
+        out["lm_head"] = max(c * (rows + self._lm_half), w + a * rows)
         if prefill_attn_pairs:
             out["attention_prefill"] = max(
                 (prefill_attn_pairs + self._attn_extra_pairs * (m - decode_seqs)) * self._attn_pair_s,
                 self._attn_floor) + self._attn_layer_s
         if decode_seqs:
-            out["attention_decode"] = max(decode_kv_tokens * self._dec_kv_s * (1.0 + self._dec_half_seqs / decode_seqs)
-                                          + decode_seqs * self._dec_seq_s,
+            occ = self._dec_split_seqs if decode_seqs < self._dec_split_below else decode_seqs
+            out["attention_decode"] = max(decode_kv_tokens * self._dec_kv_s * (1.0 + self._dec_half_seqs / occ)
+                                          + decode_seqs * self._dec_seq_s + self._dec_layer_s,
                                           decode_kv_tokens * self._dec_flop_s, self._attn_floor)
         if self._has_ar:
-            out["allreduce"] = self._ar_fixed + m * self._ar_per_token
+            out["allreduce"] = self._allreduce_s(m)
         out["elementwise"] = m * self._elem_per_token + self._elem_fixed
         return out
 

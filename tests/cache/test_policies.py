@@ -156,3 +156,95 @@ def test_params_declared():
         cls = get_policy_info(name).cls
         for pname, spec in cls.PARAMS.items():
             assert isinstance(spec, Param) and spec.accepts(spec.default) or name == "tlru"
+
+
+def _ghost_lfu_tree(cfg):
+    pol = make_policy("ghost_lfu", cfg)
+    return pol, RadixTree(3, pol)
+
+
+def test_ghost_lfu_credit_grows_with_reuse_count_up_to_cap():
+    """A page read three times outlives a page read twice, which outlives a one-hit page;
+    with cap=1 the two proven pages are equal again (plain ghost_lru credit)."""
+    pol, t = _ghost_lfu_tree({"alpha": 1.0, "beta": 1.0, "cap": 8.0, "ewma": 1.0})
+    pol._life = 10.0
+    t.serve(["x"], 0); t.serve(["x"], 1); t.serve(["x"], 2)   # count 3, last access 2
+    t.serve(["y"], 3); t.serve(["y"], 4)                       # count 2, last access 4
+    t.serve(["z"], 5)                                          # count 1, last access 5
+    keys = {k: pol.key(t.root.children[k]) for k in "xyz"}
+    assert keys == {"x": 2 + 20.0, "y": 4 + 10.0, "z": 5}
+    t.serve(["w"], 6)                                          # full: the one-hit z goes
+    assert set(t.root.children) == {"x", "y", "w"}
+    capped, t2 = _ghost_lfu_tree({"alpha": 1.0, "beta": 1.0, "cap": 1.0})
+    capped._life = 10.0
+    for k, c in (("x", 0), ("x", 1), ("x", 2), ("y", 3), ("y", 4)):
+        t2.serve([k], c)
+    assert capped.key(t2.root.children["x"]) - 2 == capped.key(t2.root.children["y"]) - 4 == 10.0
+
+
+def test_ghost_lfu_restores_counts_from_the_ghost_table():
+    """An evicted page that comes back resumes its count + 1 and so its credit."""
+    pol, t = _ghost_lfu_tree({"alpha": 50.0, "ewma": 1.0})
+    pol._life = 10.0                              # as if one-hit pages had lived 10 ticks
+    t.serve(["a"], 0); t.serve(["a"], 1)          # count 2: key 1 + 50 * 10
+    t.serve(["b"], 2); t.serve(["c"], 3)
+    t.serve(["d"], 40)                            # life sample: b evicted (one-hit, idle 38)
+    assert "b" in pol._ghost and "a" in t.root.children
+    t.serve(["b"], 41)                            # back from the ghost: proven
+    assert t.root.children["b"].hit_count == 2
+    t.serve(["e"], 42)                            # one of the one-hit pages c/d goes, not a or b
+    assert {"a", "b", "e"} <= set(t.root.children)
+
+
+def test_ghost_lfu_config_keys_are_checked():
+    assert validate_policy_config("ghost_lfu", {"alpha": 3, "beta": 0, "cap": 1}) == []
+    errs = validate_policy_config("ghost_lfu", {"gamma": 1, "cap": 0.5, "beta": -1})
+    assert len(errs) == 3
+    assert any("'gamma'" in e and "'ghost_lfu'" in e for e in errs)
+    assert any("'cap'" in e and ">= 1" in e for e in errs)
+    assert any("'beta'" in e and ">= 0" in e for e in errs)
+    assert "ghost_lfu" in choices("RADIX_EVICTION_POLICY")
+
+
+def _hot_set_under_a_scan(rounds=30, hot=20, scan=3):
+    """Single-page requests: one of ``hot`` pages in turn, then ``scan`` pages never seen
+    again.  The hot pages come back every ``hot * (scan + 1)`` requests, beyond what LRU
+    keeps in 40 pages, so only a credit for proven reuse hits them."""
+    reqs, fresh = [], 0
+    for r in range(rounds):
+        for h in range(hot):
+            reqs.append([f"hot{h}"])
+            for _ in range(scan):
+                reqs.append([f"once{fresh}"])
+                fresh += 1
+    return reqs
+
+
+def _hits(policy, cfg, reqs, capacity=40):
+    t = RadixTree(capacity, make_policy(policy, cfg))
+    return sum(t.serve(keys, i) for i, keys in enumerate(reqs)), t.policy
+
+
+def test_auto_ghost_lfu_learns_to_credit_a_hot_set_under_a_scan():
+    reqs = _hot_set_under_a_scan()
+    lru, _ = _hits("lru", None, reqs)
+    auto, pol = _hits("auto_ghost_lfu", {"alpha": 0.0, "sample": 1, "epoch": 50}, reqs)
+    assert lru == 0
+    assert pol.alpha > 0                       # started as LRU, the miniatures chose a credit
+    assert auto > len(reqs) // 8               # most hot-page returns hit in the end
+
+
+def test_auto_ghost_lfu_is_deterministic_across_processes():
+    """Page sampling must not depend on Python's per-process string hash seed."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from tests.cache.test_policies import _hits, _hot_set_under_a_scan;"
+            "print(_hits('auto_ghost_lfu', {'sample': 3, 'epoch': 20}, _hot_set_under_a_scan(10))[0])")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
+                           env={**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": seed}).stdout
+            for seed in ("1", "2")}
+    assert len(outs) == 1 and outs.pop().strip().isdigit()

@@ -177,3 +177,143 @@ def test_global_preset_sets_other_namespaces_and_the_command_line_wins():
     assert compose_record(overrides=["memory=hicache_file"], argv=["--page-size", "16"]).page_size == 16
     cmd, _ = build_command(overrides=["memory=hicache_file"])
     assert not needs_hydra(cmd)   # still the fast direct composer
+
+
+# ----------------------------------------------------------------- the two composers on many commands
+_GROUPS = {"memory": ["default", "hicache", "hicache_file"], "disagg": ["none", "prefill", "decode"],
+           "model": ["tiny", "llama3_8b", "qwen2_7b", "deepseek_v3", "tiny_mla"],
+           "hardware": ["local", "h100_80gb", "a100_80gb", "h200_141gb", "l40s_48gb"]}
+# sweeps as a user writes them; a sweep job composes one point of each (what the sweeper hands it)
+_SWEEPS = {"memory.hicache_ratio": "1,2,4", "memory.radix_eviction_policy": "lru,lfu,slru",
+           "schedule.page_size": "1,16,64", "schedule.max_total_tokens": "4096,65536",
+           "memory.hicache_write_policy": "write_through,write_back"}
+_CONFIG_FILES = {
+    "flags.yaml": "hicache-ratio: 5\nenable-hierarchical-cache: true\ntp-size: 2\n",
+    "nested.yaml": "memory:\n  hicache_size: 0\n  radix_eviction_policy: lfu\nschedule:\n  page_size: 32\n",
+    "mixed.yaml": "page-size: 16\nserving:\n  port: 31000\n",
+}
+N_SEEDED = 500
+
+
+def _seeded_command(rng, cfg_dir):
+    """One random command: presets, Hydra overrides and legacy flags for random fields, sweep
+    points, maybe a --config file (all legal, so both composers must give a record)."""
+    fields = [fi for fi in cli_fields()]
+    overrides, argv, config_file = [], [], None
+    for g, opts in _GROUPS.items():
+        if rng.random() < 0.4:
+            overrides.append(f"{g}={rng.choice(opts)}")
+    for _ in range(rng.randrange(0, 5)):
+        fi = rng.choice(fields)
+        got = _non_default(fi)
+        if got is None:
+            continue
+        v, tokens = got
+        if rng.random() < 0.5:
+            overrides.append(f"{fi.key}={render_value(v)}")
+        else:
+            argv += tokens
+    for key, sweep in _SWEEPS.items():
+        if rng.random() < 0.2:
+            overrides.append(f"{key}={rng.choice(sweep.split(','))}")
+    if rng.random() < 0.25:
+        config_file = str(cfg_dir / rng.choice(sorted(_CONFIG_FILES)))
+    rng.shuffle(overrides)
+    return overrides, argv, config_file
+
+
+def _resolved(composed):
+    """The resolved record's fields, or the resolution's problems (both composers must agree)."""
+    from sglang_hydra.config.resolve import resolve
+    try:
+        return resolve(composed.values, explicit=composed.explicit, env={}).to_dict()
+    except ConfigError as e:
+        return sorted(str(p) for p in e.problems)
+
+
+class _HydraComposer:
+    """Hydra's own composition, with one ``compose`` per distinct set of group choices.
+
+    A Hydra compose is ~0.3-1 s here, nearly all of it building the defaults list, which
+    depends only on the group choices. So the defaults are composed by Hydra once per
+    distinct choice set, and each command's value overrides are then applied by Hydra's own
+    ``ConfigLoaderImpl._apply_overrides_to_config``, the function ``compose`` itself runs
+    after the defaults (same order: groups first, then values in command order).
+    ``test_the_cached_hydra_path_equals_a_full_compose`` holds the shortcut to full composes.
+    """
+
+    def __init__(self):
+        from sglang_hydra.config.presets import conf_dir
+        self.groups = {p.name for p in conf_dir().iterdir() if p.is_dir()}
+        self.cache = {}
+        self.composes = 0
+
+    def __call__(self, cmd):
+        import copy
+        from hydra import compose
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from omegaconf import OmegaConf
+        from sglang_hydra.config.compose import _ensure_hydra, hydra_override_list, values_from_cfg
+
+        _ensure_hydra()
+        parsed = OverridesParser.create().parse_overrides(hydra_override_list(cmd, include_hydra=False))
+        choices = tuple(o.input_line for o in parsed if o.key_or_group in self.groups)
+        values = [o for o in parsed if o.key_or_group not in self.groups]
+        if choices not in self.cache:
+            self.cache[choices] = compose(config_name="config", overrides=list(choices))
+            self.composes += 1
+        cfg = copy.deepcopy(self.cache[choices])
+        OmegaConf.set_struct(cfg, True)
+        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+        return values_from_cfg(cfg, cmd)
+
+
+def _seeded_commands(tmp_path, n, seed=20260301):
+    import random
+    for name, text in _CONFIG_FILES.items():
+        (tmp_path / name).write_text(text)
+    rng = random.Random(seed)
+    # a pool of group choice sets, so Hydra builds few defaults lists (see _HydraComposer)
+    pool = [[f"{g}={rng.choice(o)}" for g, o in _GROUPS.items() if rng.random() < 0.5] for _ in range(16)]
+    for _ in range(n):
+        overrides, argv, config_file = _seeded_command(rng, tmp_path)
+        overrides = [o for o in overrides if o.split("=")[0] not in _GROUPS] + rng.choice(pool)
+        rng.shuffle(overrides)
+        yield overrides, argv, config_file
+
+
+def test_the_cached_hydra_path_equals_a_full_compose(tmp_path):
+    hydra_cached = _HydraComposer()
+    for overrides, argv, config_file in _seeded_commands(tmp_path, 12, seed=7):
+        cmd, _ = build_command(overrides=overrides, argv=argv, config_file=config_file)
+        full, cached = compose_with_hydra(cmd), hydra_cached(cmd)
+        assert full.values == cached.values and full.explicit == cached.explicit, (overrides, argv, config_file)
+
+
+def test_direct_and_hydra_composers_agree_on_500_seeded_commands(tmp_path):
+    """The direct composer (fast path) and Hydra's give identical records on every command:
+    presets of every group, Hydra overrides and legacy flags for random fields, single points
+    of sweeps, --config files, mixed in random order."""
+    hydra_composer = _HydraComposer()
+    seen_kinds = {"group": 0, "legacy": 0, "config": 0, "sweep point": 0}
+    for i, (overrides, argv, config_file) in enumerate(_seeded_commands(tmp_path, N_SEEDED)):
+        seen_kinds["group"] += any(o.split("=")[0] in _GROUPS for o in overrides)
+        seen_kinds["legacy"] += bool(argv)
+        seen_kinds["config"] += config_file is not None
+        seen_kinds["sweep point"] += any(o.split("=")[0] in _SWEEPS for o in overrides)
+        cmd, _ = build_command(overrides=overrides, argv=argv, config_file=config_file)
+        case = f"case {i}: overrides={overrides} argv={argv} config={config_file}"
+        assert not cmd.problems, f"{case}: {cmd.problems}"
+        try:
+            direct = compose_values(cmd)
+        except ConfigError:
+            with pytest.raises(ConfigError):
+                compose_with_hydra(cmd)
+            continue
+        via_hydra = hydra_composer(cmd)
+        assert direct.values == via_hydra.values, case
+        assert direct.explicit == via_hydra.explicit, case
+        assert _resolved(direct) == _resolved(via_hydra), case
+    assert min(seen_kinds.values()) >= 50, seen_kinds   # every kind of input was exercised
+    assert hydra_composer.composes <= 48   # (config files add choices of their own)

@@ -168,3 +168,26 @@ def test_injected_poll_failure_env(fast_env):
             res = d.fetch(p.bootstrap_addr, [1], 4, timeout=10)
     assert res.requests[0].status == "Failed" and "injected" in res.requests[0].reason
     assert_clean(res)
+
+
+def test_a_request_that_cannot_fit_the_prefill_pool_fails_at_once_on_both_sides(fast_env):
+    """Prefill knows at once that 40 pages never fit its 16: it fails the room and tells decode,
+    which frees the pages (no waiting timeout); the prefill keeps serving."""
+    from sglang_hydra.disagg.pd import DecodeWorker, KVGeometry
+    rec = make_rec("zmq")
+    small = KVGeometry(num_layers=2, head_num=2, head_dim=16, page_size=16, num_pages=16)
+    big = dataclasses.replace(small, num_pages=128)
+    with serving_prefill(rec, geometry=small) as (p, out):
+        d = DecodeWorker(rec, geometry=big)
+        try:
+            res = d.fetch(p.bootstrap_addr, [1, 2], 40, timeout=20)
+            ok = d.fetch(p.bootstrap_addr, [3], 4, timeout=20)
+        finally:
+            d.close()
+    assert all(r.status == "Failed" and "40 KV pages do not fit in this prefill's pool" in r.reason
+               for r in res.requests)
+    assert all(r.release == "now" for r in res.requests)   # prefill settled them: nothing can land
+    assert_clean(res)
+    assert ok.requests[0].status == "Success" and ok.requests[0].verified
+    assert _statuses(out["res"]) == {1: "Failed", 2: "Failed", 3: "Success"}
+    assert_clean(out["res"])

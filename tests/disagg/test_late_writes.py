@@ -58,8 +58,9 @@ def _race(fast_env, deferred: bool):
         try:
             t0 = time.monotonic()
             r1 = d.fetch(p.bootstrap_addr, [1], 4, timeout=20)
-            assert time.monotonic() - t0 < WAIT + 3.0            # the timeout fires, nothing hangs
-            assert r1.requests[0].status == "Failed" and "timed out after" in r1.requests[0].reason
+            # the waiting timeout ended room 1 (not the run deadline), before its slow write landed
+            assert r1.requests[0].status == "Failed" and f"timed out after {WAIT}s" in r1.requests[0].reason
+            assert 1 in p.mgr._writing                           # its posted write is still in flight
             r2 = d.fetch(p.bootstrap_addr, [2], 4, timeout=20)   # a later request, right away
             assert r2.requests[0].status == "Success" and r2.requests[0].verified
             pages1, pages2 = allocs.allocs[0], allocs.allocs[1]
@@ -139,12 +140,15 @@ def test_unconfirmed_pages_are_released_by_the_timeout(fast_env):
         d, _ = _decode(rec)
         try:
             r1 = d.fetch(p.bootstrap_addr, [1], 4, timeout=20)
+            # order of events: the request failed and its pages are held ...
             assert r1.requests[0].release == "deferred" and r1.pages_in_use_after == 4
-            t = time.monotonic()
-            assert d.drain_quarantine(timeout=5) == 0
-            assert 0.5 < time.monotonic() - t < 2.0
+            assert d.release_quarantined() == 0 and d.releases == []      # ... not released early ...
+            assert d.drain_quarantine(timeout=5) == 0                      # ... then released ...
             (room, how, held), = d.releases
-            assert how == "timeout" and held >= 0.8
+            # ... by the timeout (no confirmation), after holding at least the configured 0.8 s,
+            # while prefill's posted write of the room is still in flight (it lands at ~3 s)
+            assert room == 1 and how == "timeout" and held >= 0.8
+            assert 1 in p.mgr._writing
             d.allocator.check_invariants()
             time.sleep(2.6)   # let the slow write finish before the prefill shuts down
         finally:

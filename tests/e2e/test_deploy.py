@@ -183,8 +183,8 @@ def test_pd_messages_name_what_to_change(tmp_path):
     assert r.returncode == 2 and "did you mean 'decode.parallel.tp_size'?" in r.stderr
     r = run("deploy=pd,single", "job=resolve", cwd=tmp_path)
     assert r.returncode == 2 and "ChoiceSweep" not in r.stderr
-    assert "deploy: 'deploy=pd,single' sweeps over the deployment, which is not supported" in r.stderr
-    r = run("deploy=pd", "-m", "schedule.page_size=16,32", "job=resolve", cwd=tmp_path)
+    assert "deploy: 'deploy=pd,single' lists several values: add -m" in r.stderr
+    r = run("deploy=pd", "--info", "job=resolve", cwd=tmp_path)
     assert r.returncode == 2 and "  - deploy: " in r.stderr and "  - config: " not in r.stderr
 
 

@@ -129,3 +129,20 @@ def test_checksum_on_one_side_only_is_a_config_error(tmp_path):
         prefill.kill()
     assert job.returncode == 2, out + err
     assert "disaggregation_enable_kv_checksum" in err and "Traceback" not in err
+
+
+def test_pd_pair_that_cannot_fit_stops_at_once_instead_of_waiting_out_its_timeout(tmp_path):
+    """8192 pages per request fit neither pool: both sides know at once, so the job ends long
+    before job.timeout (it used to wait the whole timeout on the prefill side)."""
+    t0 = time.monotonic()
+    r = cli("job=pd_pair", *PAIR, "job.requests=2", "job.pages_per_request=8192", "job.timeout=120",
+            f"hydra.run.dir={tmp_path}/run", cwd=tmp_path, timeout=150)
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "8192 KV pages do not fit" in r.stderr
+    data = json.loads((tmp_path / "run" / "pd_pair.json").read_text())
+    assert data["errors"] == [] and data["failed"] == 2
+    # every prefill room ended with a reason (none left to the pair's timeout)
+    reasons = [q["reason"] for q in data["prefill"]["requests"]]
+    assert len(reasons) == 2 and all("do not fit" in x or "without asking" in x for x in reasons), reasons
+    assert took < 60, f"took {took:.0f}s: the pair waited for its timeout"

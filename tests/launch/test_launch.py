@@ -153,7 +153,7 @@ def test_launching_a_test_geometry_is_refused_before_anything_starts(tmp_path):
     r = cli("job=launch", cwd=tmp_path, env=env)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "server: 'tiny' is a built-in test geometry with no checkpoint" in r.stderr
-    assert "model=deepseek_v3|llama3_8b|qwen2_7b" in r.stderr and "must not start" not in r.stderr
+    assert "model=deepseek_v3|llama3_1_70b|llama3_1_8b|llama3_8b|qwen2_7b|qwen3_32b|qwen3_8b" in r.stderr and "must not start" not in r.stderr
     r = cli("deploy=pd", "model=tiny_mla", "job=launch", cwd=tmp_path, env=env)
     assert r.returncode == 2 and "prefill: 'tiny_mla'" in r.stderr and "decode: 'tiny_mla'" in r.stderr
 

@@ -108,9 +108,60 @@ def test_tp_splits_the_work_and_pays_all_reduces():
 def test_l40s_all_reduce_crosses_pcie():
     l40s = preset("l40s_48gb")
     assert l40s.tp_link == "pcie" and l40s.nvlink_gbps is None
-    m = PassModel.from_record(dict(LLAMA8, tp_size=2), l40s)
-    nv = PassModel.from_record(dict(LLAMA8, tp_size=2), dict(l40s.to_dict(), tp_link="nvlink", nvlink_gbps=450.0))
+    # the ring model (the preset's measured table set aside): PCIe is far slower than NVLink
+    ring = dict(l40s.to_dict(), allreduce_table_us=None)
+    m = PassModel.from_record(dict(LLAMA8, tp_size=2), ring)
+    nv = PassModel.from_record(dict(LLAMA8, tp_size=2), dict(ring, tp_link="nvlink", nvlink_gbps=450.0))
     assert m.breakdown(4096, 1)["allreduce"] > 5 * nv.breakdown(4096, 1)["allreduce"]
+    # and the measured tables say the same: an L40S pair against an H100 pair
+    h100 = PassModel.from_record(dict(LLAMA8, tp_size=2), preset("h100_80gb"))
+    tab = PassModel.from_record(dict(LLAMA8, tp_size=2), l40s)
+    assert tab.breakdown(4096, 1)["allreduce"] > 5 * h100.breakdown(4096, 1)["allreduce"]
+
+
+def test_measured_all_reduce_table_is_interpolated_by_message_size():
+    # 8 layers x 2 all-reduces; TINY's hidden is 8 -> 16 bytes a token
+    table = {"2": [[160, 10.0], [320, 30.0], [640, 40.0]]}
+    m = PassModel.from_record(dict(TINY, tp_size=2), unit_hw(allreduce_table_us=table))
+    per_pass = lambda tokens: m.breakdown(tokens, 1)["allreduce"] / (2 * 1e-6)   # noqa: E731  (us per all-reduce)
+    assert per_pass(5) == pytest.approx(10.0)           # below the first size: its time
+    assert per_pass(10) == pytest.approx(10.0)
+    assert per_pass(15) == pytest.approx(20.0)          # halfway between 160 and 320 bytes
+    assert per_pass(30) == pytest.approx(35.0)
+    assert per_pass(60) == pytest.approx(50.0)          # past the end along the last segment
+    # step_s reads the same curve from its piecewise table, exactly
+    for tokens in (3, 10, 17, 29, 41, 77):
+        assert m.step_s(tokens, 1, 0, 0) == pytest.approx(sum(m.breakdown(tokens, 1).values()), rel=1e-12)
+    # a group size the table lacks falls back to the ring model
+    t4 = PassModel.from_record(dict(TINY, tp_size=2, num_attention_heads=4, num_key_value_heads=4),
+                               unit_hw(allreduce_table_us={"4": table["2"]}, nvlink_gbps=10.0))
+    assert t4.breakdown(4, 10)["allreduce"] == pytest.approx(2 * 1 * (2 * 1 / 2) * 2 * 8 * 4 / 10e9)
+
+
+def test_bad_all_reduce_table_names_the_key():
+    for bad in ({"2": [[160, 10.0]]}, {"2": [["x", 1.0], [2, 3]]}, {"2": [[160, -1.0], [320, 2.0]]}):
+        with pytest.raises(PassModelError) as err:
+            PassModel.from_record(dict(TINY, tp_size=2), unit_hw(allreduce_table_us=bad))
+        assert "hardware.allreduce_table_us.2" in str(err.value)
+
+
+def test_narrow_and_short_k_gemms_run_below_the_peak():
+    fast_memory = dict(hbm_bandwidth_gbps=1e6)       # compute-bound GEMMs
+    base = PassModel.from_record(dict(LLAMA8, tp_size=8), unit_hw(**fast_memory))
+    shaped = PassModel.from_record(dict(LLAMA8, tp_size=8),
+                                   unit_hw(gemm_half_outputs=1e5, gemm_k_overhead=256.0, **fast_memory))
+    b0, b1 = base.breakdown(1024, 1)["gemm"], shaped.breakdown(1024, 1)["gemm"]
+    assert b1 > 1.1 * b0
+    # the o projection at TP 8 (K = 512): 1 + 256/512 = 1.5x its FLOP time, plus 1e5/4096 tokens of ramp
+    o = [g for g in shaped._gemm_consts if g[4] == "gemm"][1]
+    assert o[1] == pytest.approx(2 * 512 * 4096 * 1.5 / 1e12) and o[5] == pytest.approx(1e5 / 4096)
+
+
+def test_decode_attention_fixed_cost_per_layer():
+    m0 = PassModel.from_record(LLAMA8, unit_hw())
+    m1 = PassModel.from_record(LLAMA8, unit_hw(attention_decode_layer_us=20.0))
+    assert m1.decode_s([1000] * 4) - m0.decode_s([1000] * 4) == pytest.approx(32 * 20e-6)
+    assert m1.prefill_s([(0, 100)]) == m0.prefill_s([(0, 100)])
 
 
 def test_moe_is_costed_by_active_parameters():
@@ -225,3 +276,19 @@ def test_gpu_presets_state_where_their_efficiencies_come_from(name):
     assert "scripts/fit_pass_model.py" in text and "aiconfigurator" in text
     assert "scripts/refine_pass_model.py" in text
     assert "nic_gbps" in text and ("ConnectX" in text or "ASSUMED" in text)
+
+
+def test_small_decode_batches_split_along_the_context():
+    # 8 KV heads at TP 1: 4 sequences = 32 blocks, below split_below=54: they occupy like 200 blocks
+    hw = unit_hw(hbm_bandwidth_gbps=1e6, bf16_tflops=1e6, attention_decode_half_ctas=40.0)   # memory-bound read
+    plain = PassModel.from_record(LLAMA8, hw)
+    split = PassModel.from_record(LLAMA8, dict(hw, attention_decode_split_below=54.0, attention_decode_split_ctas=200.0))
+    kv = 4 * 8000
+    b_plain, b_split = plain.breakdown(4, 0, 4, kv)["attention_decode"], split.breakdown(4, 0, 4, kv)["attention_decode"]
+    read = kv * plain.kv_bytes_per_token / 1e15
+    assert b_plain == pytest.approx(read * (1 + 40 / 32))
+    assert b_split == pytest.approx(read * (1 + 40 / 200))
+    # at or above the threshold the batch's own blocks count
+    many = 16 * 8000
+    assert split.breakdown(16, 0, 16, many)["attention_decode"] == plain.breakdown(16, 0, 16, many)["attention_decode"]
+    assert split.step_s(4, 0, 4, kv) == pytest.approx(sum(split.breakdown(4, 0, 4, kv).values()))

@@ -219,8 +219,9 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
     first = sides[0]
     if first.hydra_flags or first.cmd.sweep or first.cmd.hydra_only:
         what = (first.hydra_flags or first.cmd.hydra_only or ["a sweep"])[0]
-        problems.append(Problem("deploy", None, f"{what}: a deployment runs without Hydra's runtime (no -m sweeps, "
-                                "Hydra flags or hydra.* settings); run one record at a time for those", "deploy"))
+        problems.append(Problem("deploy", None, f"{what}: a deployment runs without the rest of Hydra's runtime; it "
+                                "takes -m (a sweep of deployments), hydra.run.dir, hydra.sweep.dir and "
+                                "hydra.sweep.subdir, and no other Hydra flag", "deploy"))
     if settings.name != "pd":
         if settings.workers > 1:           # several servers: a deployment, resolved unless a job is named
             first.cmd.choices.setdefault("job", "resolve")

@@ -98,8 +98,8 @@ def _deploy_token(req: DeployRequest, sep: str, rest: str, tok: str) -> None:
         return
     if sweep:
         key = "deploy" if sep == "=" else f"deploy.{rest.partition('=')[0]}"
-        req.problems.append(Problem(key, None, f"{tok!r} sweeps over the deployment, which is not supported; "
-                                    f"run one deployment per command", f"override {tok}"))
+        req.problems.append(Problem(key, None, f"{tok!r} lists several values: add -m to run one deployment "
+                                    f"per value (a sweep)", f"override {tok}"))
         return
     if sep == "=":
         req.option = str(value)
@@ -133,7 +133,10 @@ def _load_file_sections(req: DeployRequest) -> bool:
         data = yaml_load(p)
     except Exception:          # invalid YAML: reported by the ordinary loader too
         return False
-    if not isinstance(data, dict) or not ({"deploy", *SIDES} & set(map(str, data))):
+    if not isinstance(data, dict):
+        return False
+    data = _nest_dotted(data)
+    if not ({"deploy", *SIDES} & set(map(str, data))):
         return False
     source = f"--config {req.config_file}"
     req.file_sections_read = True
@@ -162,3 +165,26 @@ def _load_file_sections(req: DeployRequest) -> bool:
             req.file_shared[k] = v
     req.deploy_settings[:0] = from_file          # the file's deploy keys, then the command line's
     return True
+
+
+def _nest_dotted(data: Dict[str, Any]) -> Dict[str, Any]:
+    """``deploy.x: v`` / ``prefill.ns.f: v`` written flat (as a sweep's best_config.yaml has them)
+    moved into their sections; ``deploy: pd`` beside them becomes the section's ``name``."""
+    heads = ("deploy", *SIDES)
+    if not any(str(k).partition(".")[0] in heads and "." in str(k) for k in data):
+        return data
+    out: Dict[str, Any] = {}
+    for k, v in data.items():
+        head, dot, rest = str(k).partition(".")
+        if not dot or head not in heads:
+            out[k] = v
+            continue
+        section = out.get(head)
+        if isinstance(section, str):          # deploy: pd, then deploy.x: ...
+            section = {"name": section}
+        section = dict(section or {})
+        section[rest] = v
+        out[head] = section
+    if isinstance(out.get("deploy"), dict) and isinstance(data.get("deploy"), str):
+        out["deploy"].setdefault("name", data["deploy"])
+    return out
