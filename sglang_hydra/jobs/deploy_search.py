@@ -3,14 +3,15 @@
 It enumerates every deployment that fits the GPUs: aggregated (N replicas x TP, behind
 sglang-router) and disaggregated (x prefill servers x TP + y decode servers x TP), each with
 the memory choices of ``job.search.*`` (HiCache ratio, eviction policy) and router policies;
-runs the trace through each (:mod:`.deploy_eval`), ranks them by SLA goodput per GPU (requests
-per second meeting both bounds, per GPU), prints the table and writes ``summary.csv``,
+runs the trace through each in the project's one simulation (:mod:`sglang_hydra.workload`, as
+``job=replay`` does; :mod:`.deploy_eval` builds each candidate for it), ranks them by SLA
+goodput per GPU (requests per second meeting both bounds, per GPU), prints the table and writes ``summary.csv``,
 ``pareto.png`` (tokens/s/user against tokens/s/GPU), ``best_deploy.yaml`` (which ``--config``
 accepts for ``job=launch``) and ``deploy_search.json``.
 
 ``job.rate_search=true`` asks the peer tools' question instead: for each deployment, the
-highest request rate (the trace's arrival times scaled) at which the SLA still holds, ranked by
-output tokens/s per GPU at that rate.
+highest request rate (the trace's arrival times scaled through ``time_scale``, re-simulated) at
+which the SLA still holds, ranked by output tokens/s per GPU at that rate.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..config.deploy import ROUTER_POLICIES, Deployment
 from ..config.errors import ConfigError, Problem
 from .context import JobContext, atomic_write
-from .deploy_eval import EngineModel, Plan, Sla, TraceRequest, evaluate, meets, shortfall
+from .deploy_eval import Plan, Sla, evaluate, meets, shortfall
 
 # SGLang 0.5.23's own --radix-eviction-policy choices; other names (ghost_lru) are this project's
 # and need its plugin on the engine (see docs/deploy_search.md)
@@ -177,22 +178,23 @@ def _example(key: str) -> str:
 
 # --------------------------------------------------------------------------- engines
 class _Engines:
-    """Engine models per (TP, role, HiCache ratio, policy), from the record and the hardware."""
+    """Each candidate as the simulation's inputs: the record with the candidate's TP, memory and
+    chunk per side, and the pool sizes the search checks the trace against."""
 
     def __init__(self, record, hardware):
         self.record = record
         self.hardware = hardware
-        self._pass: Dict[int, Any] = {}
+        self._checked: set = set()
         self._pool: Dict[Tuple[int, float], Tuple[int, int, float]] = {}
 
     def pass_model(self, tp: int):
         from ..perf.pass_time import PassModel, PassModelError
-        if tp not in self._pass:
+        if tp not in self._checked:
             try:
-                self._pass[tp] = PassModel.from_record(dataclasses.replace(self.record, tp_size=tp), self.hardware)
+                PassModel.from_record(dataclasses.replace(self.record, tp_size=tp), self.hardware)
             except PassModelError as exc:
                 raise ConfigError([Problem("model", None, str(exc), "deploy_search")]) from None
-        return self._pass[tp]
+            self._checked.add(tp)
 
     def pool(self, tp: int, ratio: float) -> Tuple[int, int, float]:
         """(device KV tokens, host KV tokens, KV bytes per token per rank) of one server."""
@@ -205,71 +207,74 @@ class _Engines:
             self._pool[key] = (p.device_pages * p.page_size, p.host_pages * p.page_size, p.bytes_per_page / p.page_size)
         return self._pool[key]
 
-    def engine(self, tp: int, ratio: float, policy: str, *, radix: bool = True, chunk: Optional[int] = None
-               ) -> EngineModel:
-        from ..workload.assemble import default_chunk_tokens, default_max_running
-        device, host, per_token = self.pool(tp, ratio)
-        rec = self.record
-        # the same defaults as job=replay's simulation: SGLang's chunk for the GPU's memory, and a
-        # request table bounded by half the pool (at most 4096) when max_running_requests is unset
-        chunk_tokens = chunk or default_chunk_tokens(rec, self.hardware) or 1 << 30
-        return EngineModel(tp=tp, step_s=self.pass_model(tp).step_s, kv_tokens=device, host_tokens=host if radix else 0,
-                           kv_bytes_per_token_rank=per_token, h2d_bytes_per_s=float(self.hardware.h2d_gbps) * 1e9,
-                           chunk_tokens=int(chunk_tokens), max_running=default_max_running(rec, device),
-                           radix=radix and not rec.disable_radix_cache, eviction_policy=policy,
-                           mixed_chunk=bool(rec.enable_mixed_chunk))
+    def server(self, tp: int, ratio: float, policy: str, *, role: str, chunk: Optional[int] = None):
+        """One server's record: TP, HiCache (host tier ``ratio`` x the device pool) and eviction policy."""
+        self.pass_model(tp)
+        rec = dataclasses.replace(self.record, tp_size=tp, radix_eviction_policy=policy,
+                                  enable_hierarchical_cache=ratio > 0,
+                                  hicache_ratio=ratio if ratio > 0 else self.record.hicache_ratio)
+        if chunk:
+            rec = dataclasses.replace(rec, chunked_prefill_size=int(chunk))
+        if role != "agg":
+            rec = dataclasses.replace(rec, disaggregation_mode=role)
+        return rec
 
     def plan(self, c: Candidate) -> Plan:
+        from ..workload.assemble import DeploymentInputs
         if c.mode == "agg":
-            return Plan("agg", c.workers, self.engine(c.tp, c.hicache_ratio, c.policy, chunk=c.chunk),
-                        router_policy=c.router_policy)
-        # decode servers run without a radix cache in PD (SGLang's rule D-PD), so without HiCache
-        return Plan("disagg", c.workers, self.engine(c.tp, c.hicache_ratio, c.policy), c.decode_workers,
-                    self.engine(c.decode_tp, 0.0, c.policy, radix=False), router_policy=c.router_policy,
-                    link_bytes_per_s=float(self.hardware.nic_gbps) * 1e9)
+            inputs = DeploymentInputs(self.hardware, record=self.server(c.tp, c.hicache_ratio, c.policy, role="agg",
+                                                                        chunk=c.chunk),
+                                      workers=c.workers, router_policy=c.router_policy)
+        else:
+            # decode servers keep no radix cache in PD (SGLang's rule D-PD), so no HiCache either
+            inputs = DeploymentInputs(self.hardware, prefill=self.server(c.tp, c.hicache_ratio, c.policy, role="prefill"),
+                                      decode=self.server(c.decode_tp, 0.0, c.policy, role="decode"),
+                                      prefill_workers=c.workers, decode_workers=c.decode_workers,
+                                      router_policy=c.router_policy)
+        return Plan(c.mode, c.gpus, inputs)
 
 
 # --------------------------------------------------------------------------- evaluation
 _WORK: Dict[str, Any] = {}
 
 
-def _init_worker(requests: Sequence[TraceRequest], sla: Sla, rate_search: bool) -> None:
-    _WORK.update(requests=requests, sla=sla, rate_search=rate_search)
+def _init_worker(requests: Sequence, sla: Sla, rate_search: bool, arrival: str = "spread",
+                 time_scale: float = 1.0) -> None:
+    _WORK.update(requests=requests, sla=sla, rate_search=rate_search, arrival=arrival, time_scale=time_scale)
 
 
 def _evaluate_one(plan: Plan) -> Dict[str, Any]:
     requests, sla = _WORK["requests"], _WORK["sla"]
+    how = dict(arrival=_WORK["arrival"], time_scale=_WORK["time_scale"])
     if not _WORK["rate_search"]:
-        return evaluate(plan, requests, sla)
-    return rate_search(plan, requests, sla)
+        return evaluate(plan, requests, sla, **how)
+    return rate_search(plan, requests, sla, **how)
 
 
-def _scaled(requests: Sequence[TraceRequest], factor: float) -> List[TraceRequest]:
-    """The trace at ``factor`` times its request rate (arrival times divided by it)."""
-    t0 = requests[0].arrival_s if requests else 0.0
-    return [dataclasses.replace(r, arrival_s=t0 + (r.arrival_s - t0) / factor) for r in requests]
-
-
-def base_rate(requests: Sequence[TraceRequest]) -> float:
-    """The trace's own request rate: requests after the first over the time they span."""
+def base_rate(requests: Sequence, arrival: str = "spread", time_scale: float = 1.0) -> float:
+    """The trace's own request rate as simulated: requests after the first over the time they span."""
+    from ..workload.arrivals import arrival_times
     if len(requests) < 2:
         return 0.0
-    span = requests[-1].arrival_s - requests[0].arrival_s
+    times = arrival_times([r.timestamp for r in requests], how=arrival, time_scale=time_scale)
+    span = max(times) - min(times)
     return (len(requests) - 1) / span if span > 0 else math.inf
 
 
-def rate_search(plan: Plan, requests: Sequence[TraceRequest], sla: Sla) -> Dict[str, Any]:
+def rate_search(plan: Plan, requests: Sequence, sla: Sla, *, arrival: str = "spread",
+                time_scale: float = 1.0) -> Dict[str, Any]:
     """The highest multiple of the trace's request rate at which ``plan`` meets the SLA (bisection
     on the factor; the SLA is taken to hold on the whole interval below the highest passing
     rate), with the figures at that rate.  ``rate_rps`` 0 when even the slowest rate tried fails."""
-    base = base_rate(requests)
+    base = base_rate(requests, arrival, time_scale)
     if not math.isfinite(base) or base <= 0:
         raise ValueError("the rate search needs a trace whose arrivals span some time")
     tried: Dict[float, Dict[str, Any]] = {}
 
     def at(f: float) -> Dict[str, Any]:
         if f not in tried:
-            tried[f] = evaluate(plan, _scaled(requests, f), sla)
+            # f x the rate: every arrival time (spread within its tick as at f = 1) divided by f
+            tried[f] = evaluate(plan, requests, sla, arrival=arrival, time_scale=time_scale / f)
         return tried[f]
 
     lo, hi = 0.0, 1.0
@@ -300,34 +305,29 @@ def rate_search(plan: Plan, requests: Sequence[TraceRequest], sla: Sla) -> Dict[
     return out
 
 
-def evaluate_all(plans: Sequence[Plan], requests: Sequence[TraceRequest], sla: Sla, *, rate: bool,
-                 processes: int) -> List[Dict[str, Any]]:
+def evaluate_all(plans: Sequence[Plan], requests: Sequence, sla: Sla, *, rate: bool,
+                 processes: int, arrival: str = "spread", time_scale: float = 1.0) -> List[Dict[str, Any]]:
     """Every plan's figures, in order (a process pool when it has more than one process)."""
     if processes <= 1 or len(plans) <= 1:
-        _init_worker(requests, sla, rate)
+        _init_worker(requests, sla, rate, arrival, time_scale)
         return [_evaluate_one(p) for p in plans]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
     with ProcessPoolExecutor(max_workers=min(processes, len(plans)), mp_context=ctx, initializer=_init_worker,
-                             initargs=(requests, sla, rate)) as pool:
+                             initargs=(requests, sla, rate, arrival, time_scale)) as pool:
         return list(pool.map(_evaluate_one, plans, chunksize=1))
 
 
 # --------------------------------------------------------------------------- the job
-def _trace(job: dict) -> Tuple[List[TraceRequest], str]:
+def _trace(job: dict) -> Tuple[List[Any], str]:
     from ..workload.trace import TraceError, load_trace
     try:
         trace = load_trace(job.get("trace"), max_requests=job.get("max_requests"))
     except (TraceError, OSError) as exc:
         raise ConfigError([Problem("job.trace", None, str(exc), "deploy_search")]) from None
-    from ..workload.arrivals import arrival_times
-    # the trace's ~3 s timestamp ticks are spread within the tick by default, as job=replay does
-    times = arrival_times([r.timestamp for r in trace.requests], how=str(job.get("arrival") or "spread"),
-                          time_scale=float(job.get("time_scale", 1.0)))
-    reqs = sorted((TraceRequest(t, r.input_length, r.output_length, tuple(r.hash_ids))
-                   for t, r in zip(times, trace.requests)), key=lambda r: r.arrival_s)
-    return reqs, str(trace.path)
+    # the simulation places the arrivals (job.arrival, job.time_scale) as job=replay does
+    return list(trace.requests), str(trace.path)
 
 
 def _deploy_key(settings, key: str):
@@ -395,7 +395,8 @@ def run(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
                                    f"or cut the trace (job.max_requests)", "deploy_search")])
     rate = bool(job.get("rate_search"))
     plans = [engines.plan(c) for c in fit]
-    results = evaluate_all(plans, requests, sla, rate=rate, processes=int(job.get("processes", 2)))
+    results = evaluate_all(plans, requests, sla, rate=rate, processes=int(job.get("processes", 2)),
+                           arrival=str(job.get("arrival") or "spread"), time_scale=float(job.get("time_scale", 1.0)))
     rows = [_row(c, m, sla, rate) for c, m in zip(fit, results)]
     rows += [_unfit_row(c, engines, need) for c in unfit]
     rows.sort(key=lambda r: _rank_key(r, rate))
@@ -622,7 +623,7 @@ def _pareto(path, rows, best, rate, sla) -> None:
     ax.axvline(1000.0 / sla.tpot_ms, color="grey", ls="--", lw=0.8, label=f"1 / TPOT bound ({1000 / sla.tpot_ms:g})")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("tokens/s/user (1 / mean TPOT)")
+    ax.set_xlabel("tokens/s/user (mean over the requests)")
     ax.set_ylabel("output tokens/s/GPU" + (" at the highest rate meeting the SLA" if rate else ""))
     ax.set_title("Deployments: per-GPU throughput against per-user speed")
     ax.grid(alpha=0.3)

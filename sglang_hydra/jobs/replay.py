@@ -373,6 +373,7 @@ def _ordered(doc: dict, version: int) -> dict:
 
 
 def _status(doc: dict, job: dict) -> Tuple[str, str]:
+    from ..workload.metrics import backlog_grows
     load = doc["load"]
     req = doc["requests"]
     budget = job.get("max_host_memory_gb")
@@ -382,7 +383,7 @@ def _status(doc: dict, job: dict) -> Tuple[str, str]:
     early, late = load["ttft_mean_first_quarter_ms"], load["ttft_mean_last_quarter_ms"]
     span = doc["simulation"]["arrival_span_s"]
     drain = load["drain_after_last_arrival_s"]
-    if late > 4 * early + 10_000 or (span > 0 and drain > max(60.0, 0.1 * span)):
+    if backlog_grows(load, span):
         return "saturated", (f"saturated: the deployment cannot keep up with the trace (mean TTFT {late / 1000:,.1f} s in "
                              f"the last quarter of the trace against {early / 1000:,.1f} s in the first; "
                              f"{drain:,.0f} s to drain after the last arrival); latencies are backlog. Add servers "

@@ -28,7 +28,7 @@ from .engine import Engine, EngineSpec, SimRequest
 from .router import DataParallelDispatcher, Router
 from .transfer import KVLink, link_for
 
-__all__ = ["ServerGroup", "DeploymentModel", "SimResult", "simulate", "request_units"]
+__all__ = ["ServerGroup", "DeploymentModel", "SimResult", "GiveUp", "simulate", "request_units"]
 
 INF = float("inf")
 
@@ -77,6 +77,21 @@ class DeploymentModel:
         return sum(g.gpus for g in self.groups.values())
 
 
+@dataclass(frozen=True)
+class GiveUp:
+    """When a run may stop before the trace ends (a search that only needs to know it fails).
+
+    The run stops at an arrival once more than ``late_allowed`` requests have certainly missed
+    ``ttft_s`` (their first token came later, or they have waited longer and still have none),
+    so the TTFT percentile the caller bounds misses whatever follows, *and* a request has waited
+    ``wait_s`` without its first token (the backlog, not a near miss).  A run that could still
+    meet the bound is never stopped, so its figures are those of the whole trace."""
+
+    ttft_s: float
+    late_allowed: int
+    wait_s: float
+
+
 @dataclass
 class SimResult:
     """Per-request outcomes and per-engine statistics of one simulation."""
@@ -89,6 +104,7 @@ class SimResult:
     events: int
     routers: Dict[str, Router] = field(default_factory=dict)
     links: Dict[Tuple[int, int], KVLink] = field(default_factory=dict)
+    stopped_at_s: Optional[float] = None        # set when :class:`GiveUp` ended the run there
 
 
 def _build_side(group: ServerGroup, rng: random.Random, first_gpu: int):
@@ -108,9 +124,10 @@ def _build_side(group: ServerGroup, rng: random.Random, first_gpu: int):
 
 
 def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spread", time_scale: float = 1.0,
-             seed: int = 0, progress: bool = False) -> SimResult:
+             seed: int = 0, progress: bool = False, give_up: Optional[GiveUp] = None) -> SimResult:
     """Run ``requests`` (trace :class:`~.trace.Request` objects, already checked against the
-    context length) through ``model``; see the module doc."""
+    context length) through ``model``; see the module doc.  With ``give_up`` the run may end
+    early (``stopped_at_s``), the requests not finished by then left without a finish time."""
     t0 = time.perf_counter()
     if model.mode not in ("agg", "disagg"):
         raise ValueError(f"deployment mode must be agg or disagg, got {model.mode!r}")
@@ -222,7 +239,37 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
         k = own_next.get(id(e), 0) if lst else 0
         return lst[k] if lst and k < len(lst) else INF
 
+    decided = [0, 0]          # requests (by arrival) whose first token is known, from the first; of them late
+
+    def hopeless(now: float) -> bool:
+        """Whether ``give_up`` holds at ``now`` (see :class:`GiveUp`).  Requests are counted in
+        arrival order; a request whose first token is known stays counted (it never changes)."""
+        cutoff, bound = now - give_up.ttft_s, give_up.ttft_s
+        k, late = decided
+        while k < ai:             # the leading requests that are settled: counted once
+            s = sims[order[k]]
+            ft = s.first_token_s
+            if s.arrival_s > cutoff or ft is None or ft > now:
+                break
+            late += ft - s.arrival_s > bound
+            k += 1
+        decided[0], decided[1] = k, late
+        oldest = 0.0
+        for j in range(k, ai):    # the rest that arrived over the bound ago (the backlog)
+            s = sims[order[j]]
+            if s.arrival_s > cutoff:
+                break
+            ft = s.first_token_s
+            if ft is None or ft > now:
+                late += 1
+                oldest = max(oldest, now - s.arrival_s)
+            elif ft - s.arrival_s > bound:
+                late += 1
+        return late > give_up.late_allowed and oldest >= give_up.wait_s
+
     n = len(order)
+    check_every = max(1, n // 64)
+    stopped_at = None
     ai = 0
     while True:
         ta = arrivals[order[ai]] if ai < n else INF
@@ -230,6 +277,10 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
         if ta == INF and th == INF:
             break
         events += 1
+        if give_up is not None and (ai % check_every == 0 if ta <= th else events % 256 == 0) \
+                and hopeless(min(ta, th)):
+            stopped_at = min(ta, th)
+            break
         if ta <= th:
             s = sims[order[ai]]
             ai += 1
@@ -300,7 +351,8 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
     if back is not None:
         routers["decode"] = d_router
     return SimResult(model=model, requests=sims, engines=all_engines, unloaded_ttft_s=unloaded,
-                     wall_time_s=time.perf_counter() - t0, events=events, routers=routers, links=links)
+                     wall_time_s=time.perf_counter() - t0, events=events, routers=routers, links=links,
+                     stopped_at_s=stopped_at)
 
 
 def _unloaded_ttft(s: SimRequest, spec: EngineSpec, decode: Optional[EngineSpec], lk: Optional[KVLink],

@@ -6,7 +6,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 __all__ = ["nearest_rank", "depth_bucket_labels", "hits_by_depth", "tail_stats", "TransferMeter", "SCHEMA_VERSION",
            "flatten_metrics", "weighted_quantile", "summarize_simulation",
-           "format_rate", "cache_setup_label", "tier_shares_percent"]
+           "format_rate", "cache_setup_label", "tier_shares_percent", "backlog_grows"]
 
 
 def nearest_rank(sorted_values: Sequence[float], q: float) -> float:
@@ -219,6 +219,15 @@ def summarize_simulation(result, *, sla_ttft_ms: float, sla_tpot_ms: float) -> d
     }
     return {"requests": requests, "latency": latency, "throughput": throughput, "load": load,
             "cache": _cache_group(result)}
+
+
+def backlog_grows(load: Mapping, arrival_span_s: float) -> bool:
+    """A saturated run: the last quarter of the trace waits far longer for its first token than
+    the first quarter (4x and 10 s more), or draining the queue after the last arrival takes over
+    a minute and a tenth of the trace's span.  ``load`` is :func:`summarize_simulation`'s group."""
+    early, late = load["ttft_mean_first_quarter_ms"], load["ttft_mean_last_quarter_ms"]
+    drain = load["drain_after_last_arrival_s"]
+    return late > 4 * early + 10_000 or (arrival_span_s > 0 and drain > max(60.0, 0.1 * arrival_span_s))
 
 
 def _cache_group(result) -> dict:

@@ -1,107 +1,108 @@
-"""The deployment search's evaluator on hand-computable cases (a constant pass time)."""
+"""The deployment search's candidates, run through the workload simulation (the one simulator)."""
+import dataclasses
+
 import pytest
 
-from sglang_hydra.jobs.deploy_eval import (BLOCK_TOKENS, EngineModel, Plan, Sla, TraceRequest, evaluate, meets,
-                                           simulate)
-from sglang_hydra.jobs.deploy_search import Candidate, enumerate_candidates, evaluate_all, rate_search
-
-PASS_S = 0.01
-
-
-def flat(new_tokens, attn_pairs, decode_seqs, decode_kv, prefill_seqs=None):
-    """Every pass takes 10 ms, whatever it holds."""
-    return PASS_S if new_tokens > 0 else 0.0
+from sglang_hydra.jobs.deploy_eval import Plan, Sla, evaluate, meets, shortfall
+from sglang_hydra.jobs.deploy_search import (Candidate, _Engines, base_rate, enumerate_candidates, evaluate_all,
+                                             rate_search)
+from sglang_hydra.workload.assemble import build_deployment
+from sglang_hydra.workload.deployment import GiveUp, simulate
+from sglang_hydra.workload.metrics import summarize_simulation
+from sglang_hydra.workload.trace import Request
 
 
-def engine(tp=1, kv=1_000_000, host=0, chunk=8192, radix=True, policy="lru", step=flat, mixed=False):
-    return EngineModel(tp=tp, step_s=step, kv_tokens=kv, host_tokens=host, kv_bytes_per_token_rank=1000.0,
-                       h2d_bytes_per_s=1e9, chunk_tokens=chunk, max_running=256, radix=radix,
-                       eviction_policy=policy, mixed_chunk=mixed)
+@pytest.fixture(scope="module")
+def engines():
+    from sglang_hydra.config.compose import compose
+    rec, comp = compose(["model=llama3_1_8b", "hardware=h100_80gb"])
+    return _Engines(rec, comp.hardware)
 
 
-def req(t, isl=1024, osl=5, blocks=None):
-    return TraceRequest(t, isl, osl, tuple(blocks if blocks is not None else range(int(t * 1000), int(t * 1000) + 2)))
+def steady(n, gap_ms, isl=2048, osl=64, shared=0):
+    """``n`` requests ``gap_ms`` apart; the first ``shared`` prompt blocks are common to all."""
+    blocks = isl // 512
+    return [Request(i * gap_ms, isl, osl, tuple(range(shared)) + tuple(10_000 + i * 100 + b
+                                                                      for b in range(blocks - shared)))
+            for i in range(n)]
 
 
-def test_one_request_on_one_engine_is_one_prefill_pass_then_decode_steps():
-    (r,) = simulate(Plan("agg", 1, engine()), [req(0.0, osl=5)])
-    assert r.t_first == pytest.approx(PASS_S)                 # the prefill pass gives the first token
-    assert r.t_done == pytest.approx(PASS_S * 5)              # then 4 decode steps
+def test_a_candidate_is_built_as_the_workload_deployment_with_its_choices(engines):
+    agg = build_deployment(engines.plan(Candidate("agg", 3, 2, hicache_ratio=2.0, policy="lfu",
+                                                  router_policy="round_robin", chunk=1024)).inputs)
+    side = agg.sides["agg"]
+    assert agg.model.mode == "agg" and agg.model.router_policy == "round_robin" and agg.model.gpus == 6
+    assert side["servers"] == 3 and side["tp_size"] == 2 and side["chunk_tokens"] == 1024
+    assert side["cache"]["eviction_policy"] == "lfu" and side["cache"]["hierarchical"]
+    pd = build_deployment(engines.plan(Candidate("disagg", 2, 1, 1, 4)).inputs)
+    assert pd.model.mode == "disagg" and pd.model.gpus == 6 and pd.model.transfer_backend == "mooncake"
+    assert pd.sides["prefill"]["servers"] == 2 and pd.sides["decode"]["tp_size"] == 4
+    assert pd.sides["decode"]["cache"] == {}          # decode servers keep no radix cache (SGLang's PD rule)
 
 
-def test_a_long_prompt_is_chunked_over_several_passes():
-    (r,) = simulate(Plan("agg", 1, engine(chunk=512)), [req(0.0, isl=2048, osl=1)])
-    assert r.t_first == pytest.approx(4 * PASS_S) and r.t_done == r.t_first
+def test_the_figures_are_the_replay_simulations_own(engines):
+    plan = engines.plan(Candidate("agg", 2, 1, router_policy="cache_aware"))
+    reqs = steady(200, 50, shared=2)
+    sla = Sla(1000, 50)
+    m = evaluate(plan, reqs, sla)
+    built = build_deployment(plan.inputs)
+    doc = summarize_simulation(simulate(built.model, reqs), sla_ttft_ms=1000, sla_tpot_ms=50)
+    assert m["ttft_p90_ms"] == doc["latency"]["ttft_p90_ms"] and m["tpot_p90_ms"] == doc["latency"]["tpot_p90_ms"]
+    assert m["tokens_per_s_per_gpu"] == doc["throughput"]["tokens_per_s_per_gpu"] and m["token_hit_rate"] > 0.3
+    assert m["status"] == "ok" and meets(m, sla) and shortfall(m, sla) <= 1
 
 
-def test_disaggregated_ttft_is_prefill_transfer_and_first_decode_step():
-    plan = Plan("disagg", 1, engine(), 1, engine(radix=False), link_bytes_per_s=1e6)
-    (r,) = simulate(plan, [req(0.0, isl=1000, osl=3)])
-    transfer = 1000 * 1000.0 / 1e6                            # tokens x bytes per token / link
-    assert r.t_first == pytest.approx(PASS_S + transfer + PASS_S)
-    assert r.t_done == pytest.approx(PASS_S + transfer + 3 * PASS_S)
+def test_disaggregated_ttft_adds_the_kv_transfer_and_a_decode_step(engines):
+    reqs = steady(1, 1000, isl=8192, osl=8)
+    sla = Sla(1000, 50)
+    agg = evaluate(engines.plan(Candidate("agg", 1, 1)), reqs, sla)
+    pd = evaluate(engines.plan(Candidate("disagg", 1, 1, 1, 1)), reqs, sla)
+    assert pd["ttft_p50_ms"] > agg["ttft_p50_ms"] > 0
 
 
-def test_requests_that_no_pool_holds_are_rejected_and_the_rest_served():
-    m = evaluate(Plan("agg", 1, engine(kv=3000)), [req(0.0, isl=1000), req(0.1, isl=5000)], Sla(1000, 100))
-    assert m["rejected_requests"] == 1 and m["requests"] == 2 and not meets(m, Sla(1000, 100))
+def test_a_request_no_pool_holds_rejects_the_deployment(engines):
+    small = _Engines(dataclasses.replace(engines.record, max_total_tokens=3000), engines.hardware)
+    m = evaluate(small.plan(Candidate("agg", 1, 1)), steady(3, 100, isl=4096), Sla(1000, 100))
+    assert m["status"] == "rejected" and m["rejected_requests"] == 3 and not meets(m, Sla(1000, 100))
 
 
-def test_kv_admission_queues_what_does_not_fit():
-    reqs = [req(0.0, isl=1000, osl=10), req(0.0, isl=1000, osl=10)]
-    a, b = simulate(Plan("agg", 1, engine(kv=1500)), reqs)    # one at a time
-    assert b.t_first >= a.t_done
+def test_give_up_stops_only_runs_that_cannot_meet_the_ttft_percentile(engines):
+    model = build_deployment(engines.plan(Candidate("agg", 1, 1)).inputs).model
+    flood = steady(600, 5, isl=8192, osl=32)                 # 200 prompts/s of 8k tokens on one GPU
+    full = simulate(model, flood)
+    stop = simulate(model, flood, give_up=GiveUp(ttft_s=1.0, late_allowed=60, wait_s=10.0))
+    assert full.stopped_at_s is None and stop.stopped_at_s is not None
+    assert sum(s.finish_s is not None for s in stop.requests) < len(flood)
+    late = sum(1 for s in full.requests if s.first_token_s - s.arrival_s > 1.0)
+    assert late > 60                                         # the full run misses the bound too
+    light = steady(100, 500, isl=2048, osl=32)
+    a = summarize_simulation(simulate(model, light), sla_ttft_ms=1000, sla_tpot_ms=50)
+    run = simulate(model, light, give_up=GiveUp(ttft_s=1.0, late_allowed=10, wait_s=10.0))
+    b = summarize_simulation(run, sla_ttft_ms=1000, sla_tpot_ms=50)
+    assert run.stopped_at_s is None and a["latency"] == b["latency"]   # a run that may pass runs whole
 
 
-def test_round_robin_spreads_and_cache_aware_keeps_a_prefix_on_one_worker():
-    import random
-
-    from sglang_hydra.jobs.deploy_eval import _Engine, _Req, _Router
-
-    shared = [_Req(i, req(i * 1.0, blocks=[7, 8, 9, 100 + i])) for i in range(6)]
-
-    def picks(policy):
-        engines = [_Engine(i, engine(), "agg") for i in range(2)]
-        router = _Router(engines, policy, random.Random(0))
-        return [router.pick(r).idx for r in shared]
-
-    assert picks("round_robin") == [0, 1, 0, 1, 0, 1]
-    assert len(set(picks("cache_aware"))) == 1            # 3 of 4 blocks match: the same worker every time
-    other = _Req(9, req(9.0, blocks=[50, 51, 52, 53]))
-    engines = [_Engine(i, engine(), "agg") for i in range(2)]
-    router = _Router(engines, "cache_aware", random.Random(0))
-    first = router.pick(shared[0])
-    first.outstanding += 1
-    assert router.pick(other) is not first                 # no match: the least loaded worker
+def test_a_saturated_candidate_is_marked_and_misses_the_sla(engines):
+    m = evaluate(engines.plan(Candidate("agg", 1, 1)), steady(600, 5, isl=8192, osl=32), Sla(1000, 50))
+    assert m["status"] == "saturated" and not meets(m, Sla(1000, 50)) and shortfall(m, Sla(1000, 50)) >= 10
 
 
-def test_hicache_hits_cost_a_host_copy_instead_of_compute():
-    def by_tokens(new_tokens, *_a, **_k):
-        return new_tokens * 1e-5
-    blocks = list(range(8))
-    warm, again = req(0.0, isl=8 * BLOCK_TOKENS, osl=1, blocks=blocks), req(10.0, isl=8 * BLOCK_TOKENS, osl=1, blocks=blocks)
-    evict = req(5.0, isl=8 * BLOCK_TOKENS, osl=1, blocks=list(range(100, 108)))
-    small = dict(kv=8 * BLOCK_TOKENS + 16, step=by_tokens)
-    no_host = simulate(Plan("agg", 1, engine(**small)), [warm, evict, again])
-    with_host = simulate(Plan("agg", 1, engine(host=16 * BLOCK_TOKENS, **small)), [warm, evict, again])
-    assert with_host[2].t_first - 10.0 < no_host[2].t_first - 10.0      # the host tier kept the prompt
-
-
-def test_results_do_not_depend_on_the_process_pool():
-    plans = [Plan("agg", n, engine(), router_policy="power_of_two") for n in (1, 2, 3)]
-    reqs = [req(i * 0.003, isl=2000, osl=20) for i in range(300)]
-    sla = Sla(200, 50)
+def test_results_do_not_depend_on_the_process_pool(engines):
+    plans = [engines.plan(Candidate("agg", n, 1, router_policy="power_of_two")) for n in (1, 2, 3)]
+    reqs = steady(150, 40, shared=1)
+    sla = Sla(500, 50)
     assert evaluate_all(plans, reqs, sla, rate=False, processes=1) == evaluate_all(plans, reqs, sla, rate=False,
                                                                                     processes=2)
 
 
-def test_rate_search_finds_a_higher_rate_for_more_replicas():
-    reqs = [req(i * 0.1, isl=2000, osl=20) for i in range(200)]
-    sla = Sla(100, 50)
-    one = rate_search(Plan("agg", 1, engine()), reqs, sla)
-    two = rate_search(Plan("agg", 2, engine()), reqs, sla)
+def test_rate_search_scales_the_arrivals_and_finds_more_for_more_replicas(engines):
+    reqs = steady(120, 500, isl=4096, osl=64)
+    assert base_rate(reqs, "as_is", 0.5) == pytest.approx(2 * base_rate(reqs, "as_is", 1.0))
+    sla = Sla(1000, 50)
+    one = rate_search(engines.plan(Candidate("agg", 1, 1)), reqs, sla, arrival="as_is")
+    two = rate_search(engines.plan(Candidate("agg", 2, 1, router_policy="round_robin")), reqs, sla, arrival="as_is")
     assert 0 < one["rate_rps"] < two["rate_rps"]
-    assert meets(one, sla)
+    assert meets(one, sla) and one["rate_rps"] == pytest.approx(base_rate(reqs, "as_is") * one["rate_factor"])
 
 
 def test_candidates_fit_the_budget_and_vary_the_router_only_with_several_servers():
@@ -117,3 +118,10 @@ def test_candidates_fit_the_budget_and_vary_the_router_only_with_several_servers
     assert full and all(c.gpus == 8 for c in full)
     assert Candidate("agg", 4, 2).layout == "4 x TP2" and Candidate("disagg", 3, 1, 1, 4).layout == "3P TP1 + 1D TP4"
     assert not Candidate("agg", 1, 1, policy="ghost_lru").runnable and Candidate("agg", 1, 1).runnable
+    assert isinstance(_plan_of(Candidate("agg", 2, 2)), Plan)
+
+
+def _plan_of(c):
+    from sglang_hydra.config.compose import compose
+    rec, comp = compose(["model=llama3_1_8b", "hardware=h100_80gb"])
+    return _Engines(rec, comp.hardware).plan(c)

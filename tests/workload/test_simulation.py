@@ -111,9 +111,11 @@ def test_pd_transfer_time_scales_with_the_backend():
     assert zmq.first_token_s > nixl.first_token_s
 
 
-def test_link_uses_nvlink_on_one_node_except_for_zmq():
+def test_link_uses_nvlink_on_one_node_only_for_nixl():
     assert link_for("nixl", same_node=True, lanes=2, nvlink_gbps=450, nic_gbps=50).medium == "nvlink"
     assert link_for("zmq", same_node=True, lanes=2, nvlink_gbps=450, nic_gbps=50).medium == "nic"
+    # SGLang's Mooncake backend runs MOONCAKE_PROTOCOL=rdma unless a custom NVLink memory pool is set
+    assert link_for("mooncake", same_node=True, lanes=2, nvlink_gbps=450, nic_gbps=50).medium == "nic"
     with pytest.raises(ValueError, match="disaggregation_transfer_backend"):
         link_for("tcp", same_node=False, lanes=1, nvlink_gbps=1, nic_gbps=1)
 
