@@ -775,7 +775,8 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
         better = "lower" if _direction_of(metric, rows) == MINIMIZE else "higher"
         ax.set_title(f"{name} ({better} is better)", fontsize=10)
         ax.set_ylabel(f"{name} ({unit})")
-        ax.set_ylim(bottom=0)
+        # from zero, with headroom above the highest point so the legend (upper right) covers none
+        ax.set_ylim(0, ax.dataLim.y1 * 1.3 if ax.dataLim.y1 > 0 else None)
         if top is not None:
             ax.set_ylim(0, top)
         if metric == "token_hit_rate":
@@ -795,6 +796,7 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
         else:
             ax.set_xticks(range(len(rows)), [_label(r, swept)[:40] for r in rows], rotation=30, ha="right",
                           fontsize=8)
+            ax.set_xlim(-0.5, len(rows) - 0.5)       # categories: no point sits on the frame
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_tick))
         if metric == "token_hit_rate":
             if any(_num(r.get("host_hit_rate")) or _num(r.get("storage_hit_rate")) for r in rows):

@@ -162,6 +162,10 @@ EXPECTATIONS = {
                       "outputs/search8/best_deploy.yaml", "outputs/search8/deploy_search.json")),
     "sglang-hydra --config outputs/search8/best_deploy.yaml job=launch job.dry_run=true":
         Expect(stdout=(r"sglang\.launch_server .*--model-path meta-llama/Meta-Llama-3\.1-8B",)),
+    "sglang-hydra -m job=replay model=llama3_1_8b hardware=h100_80gb deploy.workers=4 "
+    "deploy.router_policy=round_robin,cache_aware":
+        Expect(stdout=(r"sweep summary: 2 points",),
+               files=("multirun/*/*/summary.csv", "multirun/*/*/best_config.yaml", "multirun/*/*/1/replay.json")),
 }
 
 
