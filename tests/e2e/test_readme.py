@@ -114,7 +114,7 @@ EXPECTATIONS = {
                files=("outputs/*/*/replay.json",)),
     "sglang-hydra job=replay deploy=pd deploy.prefill_workers=3 deploy.decode_workers=1 prefill.parallel.tp_size=1 "
     "decode.parallel.tp_size=4 model=llama3_1_8b hardware=h100_80gb job.trace=conversation":
-        Expect(stdout=(r"3P \(dp 1 x tp 1\) \+ 1D \(dp 1 x tp 4\), mooncake over nvlink = 7 GPU\(s\)",
+        Expect(stdout=(r"3P \(dp 1 x tp 1\) \+ 1D \(dp 1 x tp 4\), mooncake over nic = 7 GPU\(s\)",
                        r"TTFT P50 / P90 / P99"),
                files=("outputs/*/*/replay.json",)),
     "sglang-hydra -m job=replay deploy=pd deploy.prefill_workers=2,3,4 disagg.disaggregation_transfer_backend="
