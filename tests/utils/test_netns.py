@@ -22,16 +22,18 @@ needs_lab = pytest.mark.skipif(bool(MISSING), reason="network namespaces need " 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 _SERVER = textwrap.dedent(f"""
-    import socket
+    import socket, time
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("{ADDR_B}", 5001)); s.listen(); s.settimeout(60)
-    c, _ = s.accept(); c.settimeout(60); n = 0
+    c, _ = s.accept(); c.settimeout(60); n = 0; t = None
     while True:
         d = c.recv(1 << 20)
         if not d:
             break
+        if t is None:
+            t = time.perf_counter()
         n += len(d)
-    print(n, flush=True)
+    print(n, time.perf_counter() - (t or time.perf_counter()), flush=True)
 """)
 _CLIENT = textwrap.dedent(f"""
     import socket, sys, time
@@ -48,12 +50,15 @@ _CLIENT = textwrap.dedent(f"""
 
 
 def _send(lab, nbytes):
-    """Send ``nbytes`` from a to b over TCP; (bytes b received, seconds the sender took)."""
+    """Send ``nbytes`` from a to b over TCP; (bytes b received, seconds from b's first byte to its last).
+
+    Timed at the receiver: the sender's ``sendall`` returns once the bytes sit in its socket
+    buffer, which on a shaped link is long before they have crossed it."""
     srv = lab.spawn("b", [sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, text=True)
-    cli = subprocess.run(lab.command("a", [sys.executable, "-c", _CLIENT, str(nbytes)]), capture_output=True,
-                         text=True, timeout=90)
-    got = srv.communicate(timeout=90)[0].strip()
-    return int(got), float(cli.stdout.strip())
+    subprocess.run(lab.command("a", [sys.executable, "-c", _CLIENT, str(nbytes)]), capture_output=True,
+                   text=True, timeout=90)
+    got, seconds = srv.communicate(timeout=90)[0].split()
+    return int(got), float(seconds)
 
 
 def _namespaces():
@@ -66,7 +71,7 @@ def test_the_lab_links_two_namespaces_and_shapes_the_link():
         assert lab.exists()
         got, clean_s = _send(lab, 4 << 20)
         assert got == 4 << 20
-        lab.set_rate(50)                               # 50 Mbit/s: 4 MiB take >= 0.6 s
+        lab.set_rate(50)                               # 50 Mbit/s: 4 MiB take >= 0.66 s on the wire
         got, slow_s = _send(lab, 4 << 20)
         assert got == 4 << 20 and slow_s > 0.5 and slow_s > 3 * clean_s
         lab.clear_shaping()
