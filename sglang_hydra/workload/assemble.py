@@ -230,6 +230,9 @@ def _side(record, hardware, *, role: str, servers: int, inp: DeploymentInputs, b
     from ..memory.geometry import kv_geometry
 
     pm = _pass_model(record, hardware)
+    if role in ("prefill", "decode"):
+        # a PD server's passes carry its KV traffic and transfer polling (hardware preset's figure)
+        pm = pm.scaled(float(_get(hardware, f"disagg_{role}_pass_scale", 1.0) or 1.0))
     plan = _plan(record, hardware)
     tp = int(_get(record, "tp_size", 1) or 1)
     dp = int(_get(record, "dp_size", 1) or 1)
@@ -278,7 +281,8 @@ def _side(record, hardware, *, role: str, servers: int, inp: DeploymentInputs, b
         "host_kv_tokens": host_pages * ps_ if host_pages else host_tokens,
         "host_kv_bytes_per_engine": host_tokens * int(geo.bytes_per_token) * tp,
         "host_tokens_node_share_cap": host_cap, "plan_host_pages": int(getattr(plan, "host_pages", 0) or 0),
-        "weights_gb_per_gpu": pm.weight_bytes_per_gpu / GB, "cache": cache_info, "record": record,
+        "weights_gb_per_gpu": pm.weight_bytes_per_gpu / GB, "pass_time_scale": pm.time_scale,
+        "cache": cache_info, "record": record,
     }
     return ServerGroup(role=role, spec=spec, servers=servers, dp=dp, load_balance=lb, make_cache=make_cache,
                        page_size=cache_info.get("page_size", int(_get(record, "page_size") or 1)))

@@ -122,3 +122,13 @@ def test_settings_it_cannot_model_are_refused(key):
     else:
         with pytest.raises(ValueError, match="schedule.schedule_policy"):
             point((key,))
+
+
+def test_disaggregated_pass_scales():
+    """The hardware's PD pass corrections slow a disaggregated server's passes, both sides, and
+    leave an aggregated server alone."""
+    raw = ("hardware.disagg_prefill_pass_scale=1.0", "hardware.disagg_decode_pass_scale=1.0")
+    preset, bare = point(pd=True, pw=2), point(raw, pd=True, pw=2)
+    assert preset["ttft_unloaded_p90_ms"] > bare["ttft_unloaded_p90_ms"]
+    assert preset["tpot_p50_ms"] > bare["tpot_p50_ms"]
+    assert point() == point(raw)
