@@ -81,12 +81,16 @@ def default_chunk_tokens(record: Any, hardware: Any) -> Optional[int]:
 
 
 def default_max_running(record: Any, pool_tokens: int) -> int:
-    """``schedule.max_running_requests``; unset: half the pool's tokens, at most 4096 (how SGLang
-    bounds its request-to-token table when it is not given)."""
+    """``schedule.max_running_requests``; unset, SGLang 0.5.23's request-table size: 512 requests
+    per context length of pool tokens, clamped to 2048..4096, and never more than half the pool's
+    tokens (``pool_configurator``'s estimate of ``ModelRunner``'s bound)."""
     v = _get(record, "max_running_requests")
     if v:
         return int(v)
-    return max(1, min(4096, pool_tokens // 2))
+    ctx = context_limit(record)
+    estimate = int(pool_tokens / ctx * 512) if ctx else 4096
+    estimate = max(min(estimate, 4096), 2048)
+    return max(1, min(estimate, pool_tokens // 2))
 
 
 def context_limit(record: Any) -> Optional[int]:

@@ -132,3 +132,16 @@ def test_disaggregated_pass_scales():
     assert preset["ttft_unloaded_p90_ms"] > bare["ttft_unloaded_p90_ms"]
     assert preset["tpot_p50_ms"] > bare["tpot_p50_ms"]
     assert point() == point(raw)
+
+
+def test_default_max_running_follows_sglang():
+    """SGLang 0.5.23 sizes its request table at 512 per context length of pool tokens, clamped to
+    2048..4096 and at most half the pool: Llama-3.1-8B (131,072 context) gets 2048, not 4096."""
+    from sglang_hydra.workload.assemble import default_max_running
+
+    rec, _ = compose(list(BASE))
+    assert default_max_running(rec, 450_000) == 2048
+    assert default_max_running(rec, 2_000_000) == 4096       # 7,812 clamped
+    assert default_max_running(rec, 3_000) == 1_500
+    rec2, _ = compose(list(BASE) + ["schedule.max_running_requests=64"])
+    assert default_max_running(rec2, 450_000) == 64
