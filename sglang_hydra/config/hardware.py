@@ -93,6 +93,13 @@ class Hardware:
         ge=0.0)
     pass_overhead_us: float = arg(
         0.0, "Fixed microseconds per forward pass beyond its kernels (scheduling, sampling).", ge=0.0)
+    disagg_prefill_pass_scale: float = arg(
+        1.0, "Disaggregated deployments: every pass of a prefill server takes this many times its "
+        "aggregated time (the KV send, bootstrap and transfer polling a PD prefill server adds); "
+        "1.0: no overhead.", ge=1.0, le=3.0)
+    disagg_decode_pass_scale: float = arg(
+        1.0, "Disaggregated deployments: every pass of a decode server takes this many times its "
+        "aggregated time (KV arriving over the fabric, transfer polling); 1.0: no overhead.", ge=1.0, le=3.0)
     tp_link: str = arg(
         "nvlink", "The link tensor-parallel all-reduces cross: nvlink (nvlink_gbps) or pcie (h2d_gbps).",
         choices=("nvlink", "pcie"))

@@ -41,6 +41,7 @@ in ``docs/whatif.md``.  No torch, no Hydra.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from bisect import bisect_right
 from types import SimpleNamespace
@@ -138,6 +139,7 @@ class PassModel:
         ``qk_norm``: the model normalises q and k per head (Qwen3): two more element-wise kernels a layer."""
         self.name = name
         self.tp = tp
+        self.time_scale = 1.0      # see scaled()
         self.weight_bytes_per_gpu = float(weight_bytes_per_gpu)
         self.kv_bytes_per_token = float(kv_bytes_per_token)
         hw = hardware
@@ -412,7 +414,16 @@ class PassModel:
             if y > x:
                 x = y
             t += x if x > self._attn_floor else self._attn_floor
-        return t
+        return t * self.time_scale
+
+    def scaled(self, factor: float) -> "PassModel":
+        """This model with every pass ``factor`` times as long (a server role's overhead that the
+        kernels do not show, e.g. a disaggregated server's KV traffic); ``self`` when 1."""
+        if factor == 1.0:
+            return self
+        other = copy.copy(self)
+        other.time_scale = self.time_scale * float(factor)
+        return other
 
     def _token_terms(self, m: float) -> float:
         """GEMMs (not the LM head or routed experts), all-reduce, element-wise kernels and
@@ -518,6 +529,8 @@ class PassModel:
         if self._has_ar:
             out["allreduce"] = self._allreduce_s(m)
         out["elementwise"] = m * self._elem_per_token + self._elem_fixed
+        if self.time_scale != 1.0:
+            out["role_overhead"] = sum(out.values()) * (self.time_scale - 1.0)
         return out
 
     def __repr__(self) -> str:

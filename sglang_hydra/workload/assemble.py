@@ -81,12 +81,16 @@ def default_chunk_tokens(record: Any, hardware: Any) -> Optional[int]:
 
 
 def default_max_running(record: Any, pool_tokens: int) -> int:
-    """``schedule.max_running_requests``; unset: half the pool's tokens, at most 4096 (how SGLang
-    bounds its request-to-token table when it is not given)."""
+    """``schedule.max_running_requests``; unset, SGLang 0.5.23's request-table size: 512 requests
+    per context length of pool tokens, clamped to 2048..4096, and never more than half the pool's
+    tokens (``pool_configurator``'s estimate of ``ModelRunner``'s bound)."""
     v = _get(record, "max_running_requests")
     if v:
         return int(v)
-    return max(1, min(4096, pool_tokens // 2))
+    ctx = context_limit(record)
+    estimate = int(pool_tokens / ctx * 512) if ctx else 4096
+    estimate = max(min(estimate, 4096), 2048)
+    return max(1, min(estimate, pool_tokens // 2))
 
 
 def context_limit(record: Any) -> Optional[int]:
@@ -230,6 +234,9 @@ def _side(record, hardware, *, role: str, servers: int, inp: DeploymentInputs, b
     from ..memory.geometry import kv_geometry
 
     pm = _pass_model(record, hardware)
+    if role in ("prefill", "decode"):
+        # a PD server's passes carry its KV traffic and transfer polling (hardware preset's figure)
+        pm = pm.scaled(float(_get(hardware, f"disagg_{role}_pass_scale", 1.0) or 1.0))
     plan = _plan(record, hardware)
     tp = int(_get(record, "tp_size", 1) or 1)
     dp = int(_get(record, "dp_size", 1) or 1)
@@ -278,7 +285,8 @@ def _side(record, hardware, *, role: str, servers: int, inp: DeploymentInputs, b
         "host_kv_tokens": host_pages * ps_ if host_pages else host_tokens,
         "host_kv_bytes_per_engine": host_tokens * int(geo.bytes_per_token) * tp,
         "host_tokens_node_share_cap": host_cap, "plan_host_pages": int(getattr(plan, "host_pages", 0) or 0),
-        "weights_gb_per_gpu": pm.weight_bytes_per_gpu / GB, "cache": cache_info, "record": record,
+        "weights_gb_per_gpu": pm.weight_bytes_per_gpu / GB, "pass_time_scale": pm.time_scale,
+        "cache": cache_info, "record": record,
     }
     return ServerGroup(role=role, spec=spec, servers=servers, dp=dp, load_balance=lb, make_cache=make_cache,
                        page_size=cache_info.get("page_size", int(_get(record, "page_size") or 1)))

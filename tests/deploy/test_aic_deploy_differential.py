@@ -5,14 +5,14 @@ load without prefix reuse from kernel timings measured with SGLang.  On the issu
 (Llama-3.1-8B, 8 x H100, ISL 4096, OSL 512, TTFT <= 1 s, TPOT <= 20 ms) our search, asked the
 same question (``job.rate_search=true``, every GPU used as the peer's deployments do, prefill
 chunks mixed into decode steps as the peer's aggregated model does): its best tokens/s/GPU, and its
-best aggregated tokens/s/GPU, must be within 25 % of the peer's.
+best aggregated and best disaggregated tokens/s/GPU, must be within 25 % of the peer's.
 
-The issue also asks for the same mode. Since the pass-time model's second fit (decode steps ~20 %
-cheaper, closer to aiconfigurator's own static figures) our best disaggregated deployment edges
-out the best aggregated one by a few percent, where the peer prefers agg by 16 % (its disagg
-figure is lower than ours by ~25 %: decode batch limits we do not model, see docs/benchmarks.md).
-Until that is modelled the test holds what is true and would catch a regression: when the modes
-differ, our two modes' best figures must be a near tie (within 10 %), and the test says so loudly.
+It must also pick the same mode (agg or disagg) as the peer.  The peer derates disaggregated
+serving by per-phase latency corrections measured on silicon (prefill passes x1.1, decode x1.08);
+the hardware presets carry the same figures as ``disagg_prefill_pass_scale`` /
+``disagg_decode_pass_scale`` (the simulation slows a PD server's every pass by them).  Without them
+our best disaggregated layout (3P TP1 + 5D TP1 at 2,120 tokens/s/GPU) edged out the best aggregated
+one (4 x TP2, 2,040) where the peer prefers agg by 16 %.
 
 aiconfigurator runs in its own interpreter (``SGLANG_HYDRA_AIC_PYTHON``; ``.ci/run`` builds it);
 without the variable the test is skipped, and the ``reference`` marker keeps it out of the main
@@ -107,7 +107,9 @@ def test_deploy_search_within_25_percent_of_the_peer(tmp_path):
     assert abs(ratio - 1) <= TOLERANCE, f"best tokens/s/GPU {best['tokens_per_s_per_gpu']:.0f} is {ratio:.2f} x the peer's"
     agg_ratio = by_mode["agg"] / peer["agg"]
     assert abs(agg_ratio - 1) <= TOLERANCE, f"best agg tokens/s/GPU {by_mode['agg']:.0f} is {agg_ratio:.2f} x the peer's"
-    if best["mode"] != peer["mode"]:
-        tie = max(by_mode.values()) / min(by_mode.values())
-        print(f"MODE DIFFERS from the peer's ({best['mode']} vs {peer['mode']}): our two modes are {tie:.3f}x apart")
-        assert tie <= 1.10, f"our {best['mode']} beats our other mode by {tie:.2f}x, the peer picked {peer['mode']}"
+    disagg_ratio = by_mode["disagg"] / peer["disagg"]
+    assert abs(disagg_ratio - 1) <= TOLERANCE, (
+        f"best disagg tokens/s/GPU {by_mode['disagg']:.0f} is {disagg_ratio:.2f} x the peer's")
+    assert best["mode"] == peer["mode"], (
+        f"we pick {best['mode']} ({best['layout']}), the peer picks {peer['mode']}: our agg {by_mode['agg']:.0f} / "
+        f"disagg {by_mode['disagg']:.0f} tokens/s/GPU")

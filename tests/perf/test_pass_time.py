@@ -292,3 +292,18 @@ def test_small_decode_batches_split_along_the_context():
     many = 16 * 8000
     assert split.breakdown(16, 0, 16, many)["attention_decode"] == plain.breakdown(16, 0, 16, many)["attention_decode"]
     assert split.step_s(4, 0, 4, kv) == pytest.approx(sum(split.breakdown(4, 0, 4, kv).values()))
+
+
+def test_scaled_pass_model_times_every_pass_and_breaks_down():
+    from sglang_hydra.config.compose import compose
+    from sglang_hydra.perf.pass_time import PassModel
+
+    rec, composed = compose(["model=llama3_1_8b", "hardware=h100_80gb"])
+    pm = PassModel.from_record(rec, composed.hardware)
+    slow = pm.scaled(1.1)
+    assert pm.scaled(1.0) is pm and pm.time_scale == 1.0
+    for args in ((4096, pm.attn_pairs(0, 4096), 0, 0), (64, 0, 64, 64 * 4300), (2112, pm.attn_pairs(0, 2048), 64, 64 * 4300)):
+        assert slow.step_s(*args) == pytest.approx(1.1 * pm.step_s(*args), rel=1e-12)
+        parts = slow.breakdown(*args)
+        assert sum(parts.values()) == pytest.approx(slow.step_s(*args), rel=1e-9)
+        assert parts["role_overhead"] == pytest.approx(0.1 * pm.step_s(*args), rel=1e-9)

@@ -122,3 +122,26 @@ def test_settings_it_cannot_model_are_refused(key):
     else:
         with pytest.raises(ValueError, match="schedule.schedule_policy"):
             point((key,))
+
+
+def test_disaggregated_pass_scales():
+    """The hardware's PD pass corrections slow a disaggregated server's passes, both sides, and
+    leave an aggregated server alone."""
+    raw = ("hardware.disagg_prefill_pass_scale=1.0", "hardware.disagg_decode_pass_scale=1.0")
+    preset, bare = point(pd=True, pw=2), point(raw, pd=True, pw=2)
+    assert preset["ttft_unloaded_p90_ms"] > bare["ttft_unloaded_p90_ms"]
+    assert preset["tpot_p50_ms"] > bare["tpot_p50_ms"]
+    assert point() == point(raw)
+
+
+def test_default_max_running_follows_sglang():
+    """SGLang 0.5.23 sizes its request table at 512 per context length of pool tokens, clamped to
+    2048..4096 and at most half the pool: Llama-3.1-8B (131,072 context) gets 2048, not 4096."""
+    from sglang_hydra.workload.assemble import default_max_running
+
+    rec, _ = compose(list(BASE))
+    assert default_max_running(rec, 450_000) == 2048
+    assert default_max_running(rec, 2_000_000) == 4096       # 7,812 clamped
+    assert default_max_running(rec, 3_000) == 1_500
+    rec2, _ = compose(list(BASE) + ["schedule.max_running_requests=64"])
+    assert default_max_running(rec2, 450_000) == 64
