@@ -1,0 +1,226 @@
+"""``hit_density``: per-class retention ages chosen online to maximise hits per cached page.
+
+Why: on a multi-turn chat trace a block is almost never read again within its first ~50
+requests, and re-reads peak a few hundred requests later, just after LRU has evicted it.
+What pays is to know, per class of block, how likely and how soon it comes back, and to
+spend the cache's page-time where hits per page-time are highest, as LHD (Beckmann et al.,
+NSDI'18) does with its hit-density ranking.
+
+How, with only what a server sees:
+
+* **History.** Every page key read (hit or inserted) is remembered with the time of its
+  last read and how often it was read, for ``horizon`` times the cache's current LRU
+  residency (two generations of plain dicts, so evicted pages keep their history: the
+  ghost).  A page's *class* is its read count so far (1, 2, ..., ``classes`` and above).
+* **Counters.** Each read starts an *interval* of the page's new class; the next read of
+  the page ends it, and its length goes into that class's histogram of return gaps
+  (half-octave bins).  Counters decay by ``decay`` every ``epoch`` requests.
+* **Reconfiguration.** Every ``epoch`` requests the policy picks one retention age ``A_c``
+  per class: keeping class ``c`` until age ``A`` yields ``F_c(A)`` hits per interval and
+  costs ``E[min(gap, A)]`` page-time per interval; with ``rate_c`` intervals per tick, the
+  cache holds about ``sum_c rate_c * E_c[min(gap, A_c)]`` pages (Little's law).  A
+  Lagrange multiplier (the price of page-time, found by bisection) makes that equal to
+  the capacity and each class takes the age that maximises ``F_c(A) - price * E_c[...]``
+  (age 0 = evict first).  This is LHD's ranking solved for the ages at which each class
+  falls below the cache's marginal hit density.
+* **Key.** ``last_access + A_c``: a leaf's planned expiry; the most overdue goes first.
+  Until the first reconfiguration every ``A_c`` is 0, i.e. LRU.
+
+Everything is plain Python and updated from the touch hook (one pass over a request's
+page keys) and reconfigured in O(classes x bins); no future request is looked at.
+The clock is the tree's (:attr:`RadixTree.now`).
+"""
+from __future__ import annotations
+
+from typing import List
+
+from .policies import EvictionPolicy, Param, _stable_hash
+
+__all__ = ["HitDensityPolicy"]
+
+NBINS = 64      # half-octave bins of a return gap: bin = (gap * gap).bit_length()
+
+
+def _positive_int(v):
+    return v >= 1
+
+
+def _open_unit(v):
+    return 0 < v < 1
+
+
+def _positive(v):
+    return v > 0
+
+
+def _class_count(v):
+    return 1 <= v <= 16
+
+
+class HitDensityPolicy(EvictionPolicy):
+    """Retention age per reuse class, chosen online from observed return gaps (see module doc)."""
+
+    name = "hit_density"
+    wants_touch = True
+    PARAMS = {
+        "classes": Param(int, 4, "in [1, 16]", _class_count,
+                         "reuse classes: read once, twice, ..., this many times or more"),
+        "epoch": Param(int, 200, ">= 1", _positive_int,
+                       "requests between two reconfigurations"),
+        "decay": Param(float, 0.9, "in (0, 1)", _open_unit,
+                       "weight kept by the counters at each reconfiguration"),
+        "horizon": Param(float, 16.0, "> 0", _positive,
+                         "history kept, in multiples of the cache's LRU residency"),
+    }
+
+    def bind(self, tree):
+        super().bind(tree)
+        k = self.classes
+        self._cur = {}            # key -> last read << 8 | long variant << 7 | min(reads, 127)
+        self._old = {}
+        self._rotated = 0
+        self._births = [0.0] * k
+        self._returns = [[0.0] * NBINS for _ in range(k)]
+        self._ttl = [0] * k       # retention age of the short variant of each class
+        self._long = [0] * k      # ... of the long variant (a share `_mix` of requests)
+        self._mix = [0.0] * k
+        self._requests = 0
+        self._epoch_start = None
+        self._ticks = 0.0         # decayed ticks observed, for the rates
+        self._new_pages = 0.0     # decayed pages read for the first time (within history)
+        self._span = 1 << 62      # history length in ticks (until the first estimate)
+
+    # ------------------------------------------------------------------ hooks
+    def on_touch(self, page_keys, k, clock, last_node):
+        now = self.tree.now
+        cur = self._cur
+        old = self._old
+        births = self._births
+        returns = self._returns
+        top = self.classes - 1
+        mix = self._mix
+        new = 0
+        last = page_keys[-1] if page_keys else 0
+        u = ((((last * 0x9E3779B1) >> 7) if type(last) is int else _stable_hash(last)) & 0xFFFF) / 65536.0
+        for key in page_keys:
+            packed = cur.get(key)
+            if packed is None:
+                packed = old.get(key)
+            if packed is None:
+                reads = 1
+                new += 1
+            else:
+                gap = now - (packed >> 8)
+                if gap <= 0:
+                    continue          # read twice by one request: no new interval
+                reads = packed & 127
+                returns[reads - 1 if reads <= top else top][(gap * gap).bit_length()] += 1.0
+                if reads < 127:
+                    reads += 1
+            c = reads - 1 if reads <= top else top
+            births[c] += 1.0
+            cur[key] = (now << 8) | (128 if u < mix[c] else 0) | reads
+        self._new_pages += new
+        if self._epoch_start is None:
+            self._epoch_start = now
+            self._rotated = now
+        if now - self._rotated > self._span:
+            self._old = cur
+            self._cur = {}
+            self._rotated = now
+        self._requests += 1
+        if self._requests % self.epoch == 0:
+            self._reconfigure(now)
+
+    def key(self, node):
+        cur = self._cur.get(node.key)
+        if cur is None:
+            cur = self._old.get(node.key)
+        if cur is None:
+            return node.last_access + self._ttl[0]
+        reads = cur & 127
+        c = reads - 1 if reads < self.classes else self.classes - 1
+        return node.last_access + (self._long[c] if cur & 128 else self._ttl[c])
+
+    # -------------------------------------------------------- reconfiguration
+    def _reconfigure(self, now) -> None:
+        self._ticks += now - self._epoch_start
+        self._epoch_start = now
+        cap = self.tree.capacity
+        if cap and self._new_pages > 0 and self._ticks > 0:
+            # LRU residency ~ capacity / new pages per tick; history covers `horizon` of it
+            self._span = max(1, int(self.horizon * cap * self._ticks / self._new_pages))
+            self._ttl, self._long, self._mix = self._solve(cap)
+        d = self.decay
+        self._ticks *= d
+        self._new_pages *= d
+        self._births = [b * d for b in self._births]
+        self._returns = [[x * d for x in row] for row in self._returns]
+
+    def _curves(self, c):
+        """(ages, hits per interval, page-time per interval) of class ``c`` for each
+        candidate retention age (bin edges up to the history span; age 0 first)."""
+        births = self._births[c]
+        row = self._returns[c]
+        ages = [0]
+        hits = [0.0]
+        cost = [0.0]
+        if births <= 0:
+            return ages, hits, cost
+        returned = 0.0
+        spent = 0.0        # sum of gaps of the intervals that returned so far
+        lo = 0.0
+        for b in range(1, NBINS):
+            edge = 2.0 ** (b / 2)
+            n = row[b]
+            returned += n
+            spent += n * (lo + edge) / 2
+            lo = edge
+            if edge > self._span:
+                break
+            ages.append(int(edge))
+            hits.append(returned / births)
+            cost.append((spent + (births - returned) * edge) / births)
+        return ages, hits, cost
+
+    def _solve(self, cap):
+        k = len(self._births)
+        rates = [b / self._ticks for b in self._births]
+        curves = [self._curves(c) for c in range(k)]
+
+        def pick(price):
+            choice = []
+            used = 0.0
+            for c in range(k):
+                ages, hits, cost = curves[c]
+                best = 0
+                best_v = 0.0
+                for i in range(1, len(ages)):
+                    v = hits[i] - price * cost[i]
+                    if v > best_v:
+                        best, best_v = i, v
+                choice.append(ages[best])
+                used += rates[c] * cost[best]
+            return choice, used
+
+        lo, hi = 1e-12, 1.0          # hit per page-tick: a page read every tick is worth 1
+        choice, used = pick(lo)
+        if used <= cap:
+            return choice, choice, [0.0] * k
+        for _ in range(40):
+            mid = (lo * hi) ** 0.5
+            if pick(mid)[1] > cap:
+                lo = mid
+            else:
+                hi = mid
+        short, used_short = pick(hi)     # fits
+        long_, used_long = pick(lo)      # just over: mix the classes that differ
+        share = (cap - used_short) / (used_long - used_short) if used_long > used_short else 0.0
+        share = min(1.0, max(0.0, share))
+        mix = [share if a != b else 0.0 for a, b in zip(short, long_)]
+        return short, long_, mix
+
+    @property
+    def retention(self) -> List[int]:
+        """Current retention age per class, in ticks (for reports and tests)."""
+        return list(self._ttl)
