@@ -39,6 +39,22 @@ from .policies import EvictionPolicy, Param, _stable_hash
 __all__ = ["HitDensityPolicy"]
 
 NBINS = 64      # half-octave bins of a return gap: bin = (gap * gap).bit_length()
+MAX_COHORTS = 64
+
+
+class _Cohort:
+    """Counters of the intervals opened during one epoch: births per class and the
+    return gaps (per class and bin) of those intervals, whenever they return."""
+
+    __slots__ = ("cid", "start", "end", "weight", "births", "returns")
+
+    def __init__(self, cid, start, classes):
+        self.cid = cid
+        self.start = start
+        self.end = None
+        self.weight = 1.0
+        self.births = [0.0] * classes
+        self.returns = [[0.0] * NBINS for _ in range(classes)]
 
 
 def _positive_int(v):
@@ -76,27 +92,37 @@ class HitDensityPolicy(EvictionPolicy):
     def bind(self, tree):
         super().bind(tree)
         k = self.classes
-        self._cur = {}            # key -> last read << 8 | long variant << 7 | min(reads, 127)
+        self._cur = {}            # key -> last read << 24 | cohort id << 8 | long variant << 7 | reads
         self._old = {}
         self._rotated = 0
-        self._births = [0.0] * k
-        self._returns = [[0.0] * NBINS for _ in range(k)]
+        self._cohorts = {}        # cohort id (16 bits) -> _Cohort, oldest first
+        self._cohort = None       # the open cohort
+        self._next_id = 0
         self._ttl = [0] * k       # retention age of the short variant of each class
         self._long = [0] * k      # ... of the long variant (a share `_mix` of requests)
         self._mix = [0.0] * k
         self._requests = 0
-        self._epoch_start = None
-        self._ticks = 0.0         # decayed ticks observed, for the rates
+        self._ticks = 0.0         # decayed ticks observed, for the history span
         self._new_pages = 0.0     # decayed pages read for the first time (within history)
         self._span = 1 << 62      # history length in ticks (until the first estimate)
+
+    def _open_cohort(self, now) -> None:
+        cid = self._next_id & 0xFFFF
+        self._next_id += 1
+        self._cohort = self._cohorts[cid] = _Cohort(cid, now, self.classes)
 
     # ------------------------------------------------------------------ hooks
     def on_touch(self, page_keys, k, clock, last_node):
         now = self.tree.now
+        if self._cohort is None:
+            self._rotated = now
+            self._open_cohort(now)
         cur = self._cur
         old = self._old
-        births = self._births
-        returns = self._returns
+        cohort = self._cohort
+        births = cohort.births
+        stamp = (now << 24) | (cohort.cid << 8)
+        cohorts = self._cohorts
         top = self.classes - 1
         mix = self._mix
         new = 0
@@ -110,20 +136,19 @@ class HitDensityPolicy(EvictionPolicy):
                 reads = 1
                 new += 1
             else:
-                gap = now - (packed >> 8)
+                gap = now - (packed >> 24)
                 if gap <= 0:
                     continue          # read twice by one request: no new interval
                 reads = packed & 127
-                returns[reads - 1 if reads <= top else top][(gap * gap).bit_length()] += 1.0
+                born = cohorts.get((packed >> 8) & 0xFFFF)
+                if born is not None:
+                    born.returns[reads - 1 if reads <= top else top][(gap * gap).bit_length()] += 1.0
                 if reads < 127:
                     reads += 1
             c = reads - 1 if reads <= top else top
             births[c] += 1.0
-            cur[key] = (now << 8) | (128 if u < mix[c] else 0) | reads
+            cur[key] = stamp | (128 if u < mix[c] else 0) | reads
         self._new_pages += new
-        if self._epoch_start is None:
-            self._epoch_start = now
-            self._rotated = now
         if now - self._rotated > self._span:
             self._old = cur
             self._cur = {}
@@ -144,49 +169,67 @@ class HitDensityPolicy(EvictionPolicy):
 
     # -------------------------------------------------------- reconfiguration
     def _reconfigure(self, now) -> None:
-        self._ticks += now - self._epoch_start
-        self._epoch_start = now
+        closing = self._cohort
+        closing.end = now
+        self._ticks += now - closing.start
         cap = self.tree.capacity
         if cap and self._new_pages > 0 and self._ticks > 0:
             # LRU residency ~ capacity / new pages per tick; history covers `horizon` of it
             self._span = max(1, int(self.horizon * cap * self._ticks / self._new_pages))
-            self._ttl, self._long, self._mix = self._solve(cap)
+            self._ttl, self._long, self._mix = self._solve(cap, now)
         d = self.decay
         self._ticks *= d
         self._new_pages *= d
-        self._births = [b * d for b in self._births]
-        self._returns = [[x * d for x in row] for row in self._returns]
+        cohorts = self._cohorts
+        for cohort in cohorts.values():
+            cohort.weight *= d
+        while len(cohorts) > MAX_COHORTS:
+            del cohorts[next(iter(cohorts))]
+        self._open_cohort(now)
 
-    def _curves(self, c):
+    def _curves(self, c, now):
         """(ages, hits per interval, page-time per interval) of class ``c`` for each
-        candidate retention age (bin edges up to the history span; age 0 first)."""
-        births = self._births[c]
-        row = self._returns[c]
+        candidate retention age (bin edges up to the history span; age 0 first).
+
+        The share of intervals returning in a bin is taken over the cohorts old enough
+        for every return in that bin to have been seen (no bias towards short gaps while
+        the history fills, as a plain returns/births ratio would have)."""
+        closed = [h for h in self._cohorts.values() if h.end is not None]
         ages = [0]
         hits = [0.0]
         cost = [0.0]
-        if births <= 0:
-            return ages, hits, cost
         returned = 0.0
-        spent = 0.0        # sum of gaps of the intervals that returned so far
+        spent = 0.0        # page-time of the intervals that returned so far, per interval
         lo = 0.0
         for b in range(1, NBINS):
             edge = 2.0 ** (b / 2)
-            n = row[b]
-            returned += n
-            spent += n * (lo + edge) / 2
-            lo = edge
             if edge > self._span:
                 break
+            den = 0.0
+            num = 0.0
+            for h in closed:
+                if now - h.end >= edge:
+                    den += h.weight * h.births[c]
+                    num += h.weight * h.returns[c][b]
+            if den <= 0:
+                break
+            share = num / den
+            returned += share
+            spent += share * (lo + edge) / 2
+            lo = edge
             ages.append(int(edge))
-            hits.append(returned / births)
-            cost.append((spent + (births - returned) * edge) / births)
+            hits.append(returned)
+            cost.append(spent + max(0.0, 1.0 - returned) * edge)
         return ages, hits, cost
 
-    def _solve(self, cap):
-        k = len(self._births)
-        rates = [b / self._ticks for b in self._births]
-        curves = [self._curves(c) for c in range(k)]
+    def _solve(self, cap, now):
+        k = self.classes
+        closed = [h for h in self._cohorts.values() if h.end is not None]
+        ticks = sum(h.weight * (h.end - h.start) for h in closed)
+        if ticks <= 0:
+            return self._ttl, self._long, self._mix
+        rates = [sum(h.weight * h.births[c] for h in closed) / ticks for c in range(k)]
+        curves = [self._curves(c, now) for c in range(k)]
 
         def pick(price):
             choice = []
