@@ -79,7 +79,7 @@ class HitDensityPolicy(EvictionPolicy):
     name = "hit_density"
     wants_touch = True
     PARAMS = {
-        "classes": Param(int, 4, "in [1, 16]", _class_count,
+        "classes": Param(int, 3, "in [1, 16]", _class_count,
                          "reuse classes: read once, twice, ..., this many times or more"),
         "epoch": Param(int, 200, ">= 1", _positive_int,
                        "requests between two reconfigurations"),
@@ -91,8 +91,8 @@ class HitDensityPolicy(EvictionPolicy):
 
     def bind(self, tree):
         super().bind(tree)
-        k = self.classes
-        self._cur = {}            # key -> last read << 24 | cohort id << 8 | long variant << 7 | reads
+        k = self.classes + 2
+        self._cur = {}            # key -> last read << 29 | cohort id << 13 | class << 8 | long variant << 7 | reads
         self._old = {}
         self._rotated = 0
         self._cohorts = {}        # cohort id (16 bits) -> _Cohort, oldest first
@@ -109,7 +109,7 @@ class HitDensityPolicy(EvictionPolicy):
     def _open_cohort(self, now) -> None:
         cid = self._next_id & 0xFFFF
         self._next_id += 1
-        self._cohort = self._cohorts[cid] = _Cohort(cid, now, self.classes)
+        self._cohort = self._cohorts[cid] = _Cohort(cid, now, self.classes + 2)
 
     # ------------------------------------------------------------------ hooks
     def on_touch(self, page_keys, k, clock, last_node):
@@ -121,33 +121,45 @@ class HitDensityPolicy(EvictionPolicy):
         old = self._old
         cohort = self._cohort
         births = cohort.births
-        stamp = (now << 24) | (cohort.cid << 8)
+        stamp = (now << 29) | (cohort.cid << 13)
         cohorts = self._cohorts
         top = self.classes - 1
+        last_page = self.classes          # class of a request's last page, read for the first time
+        branch = self.classes + 1         # first read, below a page read at most twice before
         mix = self._mix
         new = 0
         last = page_keys[-1] if page_keys else 0
         u = ((((last * 0x9E3779B1) >> 7) if type(last) is int else _stable_hash(last)) & 0xFFFF) / 65536.0
-        for key in page_keys:
+        n = len(page_keys)
+        prev = 0          # reads of the previous page before this request (0: none / new)
+        run = -1          # class of the pages read for the first time in the current run
+        for j in range(n):
+            key = page_keys[j]
             packed = cur.get(key)
             if packed is None:
                 packed = old.get(key)
             if packed is None:
                 reads = 1
                 new += 1
+                if run < 0:
+                    run = branch if 0 < prev <= 2 else 0
+                c = last_page if j == n - 1 else run
+                prev = 0
             else:
-                gap = now - (packed >> 24)
+                gap = now - (packed >> 29)
                 if gap <= 0:
                     continue          # read twice by one request: no new interval
                 reads = packed & 127
-                born = cohorts.get((packed >> 8) & 0xFFFF)
+                born = cohorts.get((packed >> 13) & 0xFFFF)
                 if born is not None:
-                    born.returns[reads - 1 if reads <= top else top][(gap * gap).bit_length()] += 1.0
+                    born.returns[(packed >> 8) & 31][(gap * gap).bit_length()] += 1.0
+                prev = reads
+                run = -1
                 if reads < 127:
                     reads += 1
-            c = reads - 1 if reads <= top else top
+                c = reads - 1 if reads <= top else top
             births[c] += 1.0
-            cur[key] = stamp | (128 if u < mix[c] else 0) | reads
+            cur[key] = stamp | (c << 8) | (128 if u < mix[c] else 0) | reads
         self._new_pages += new
         if now - self._rotated > self._span:
             self._old = cur
@@ -163,8 +175,7 @@ class HitDensityPolicy(EvictionPolicy):
             cur = self._old.get(node.key)
         if cur is None:
             return node.last_access + self._ttl[0]
-        reads = cur & 127
-        c = reads - 1 if reads < self.classes else self.classes - 1
+        c = (cur >> 8) & 31
         return node.last_access + (self._long[c] if cur & 128 else self._ttl[c])
 
     # -------------------------------------------------------- reconfiguration
@@ -223,7 +234,7 @@ class HitDensityPolicy(EvictionPolicy):
         return ages, hits, cost
 
     def _solve(self, cap, now):
-        k = self.classes
+        k = self.classes + 2
         closed = [h for h in self._cohorts.values() if h.end is not None]
         ticks = sum(h.weight * (h.end - h.start) for h in closed)
         if ticks <= 0:
