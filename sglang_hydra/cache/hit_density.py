@@ -92,6 +92,8 @@ class HitDensityPolicy(EvictionPolicy):
     def bind(self, tree):
         super().bind(tree)
         k = self.classes + 2
+        # sglang semantics: a victim is a whole engine node (all pages one insert added)
+        self._whole_nodes = getattr(tree, "semantics", "rules") == "sglang"
         self._cur = {}            # key -> last read << 29 | cohort id << 13 | class << 8 | long variant << 7 | reads
         self._old = {}
         self._rotated = 0
@@ -176,6 +178,17 @@ class HitDensityPolicy(EvictionPolicy):
         if cur is None:
             return node.last_access + self._ttl[0]
         c = (cur >> 8) & 31
+        if c == self.classes and self._whole_nodes:
+            # the engine evicts the whole node this leaf ends: rank it by the page above
+            # the request's last page when that page belongs to the same node
+            up = node.parent
+            if up is not None and up.parent is not None and up.seg == node.seg:
+                above = self._cur.get(up.key)
+                if above is None:
+                    above = self._old.get(up.key)
+                if above is not None:
+                    cur = above
+                    c = (cur >> 8) & 31
         return node.last_access + (self._long[c] if cur & 128 else self._ttl[c])
 
     # -------------------------------------------------------- reconfiguration
