@@ -1,34 +1,46 @@
-"""``hit_density``: per-class retention ages chosen online to maximise hits per cached page.
+"""``hit_density``: a retention age per class of page, chosen online to maximise hits per page-time.
 
-Why: on a multi-turn chat trace a block is almost never read again within its first ~50
-requests, and re-reads peak a few hundred requests later, just after LRU has evicted it.
-What pays is to know, per class of block, how likely and how soon it comes back, and to
-spend the cache's page-time where hits per page-time are highest, as LHD (Beckmann et al.,
-NSDI'18) does with its hit-density ranking.
+Why: on a multi-turn chat trace a block is almost never read again within ~50 requests of
+its last read and re-reads peak a few hundred requests later, about when LRU evicts it.
+What pays is to know, per class of page, how likely and how soon it comes back, and to
+spend the cache's page-time where hits per page-time are highest: the ranking of LHD
+(Beckmann et al., NSDI'18), solved here for the age at which each class stops paying.
 
-How, with only what a server sees:
+What the policy uses is what a server sees: past reads of page keys, the order of a
+request's pages (the tree path) and the clock.  Nothing about future requests.
 
-* **History.** Every page key read (hit or inserted) is remembered with the time of its
-  last read and how often it was read, for ``horizon`` times the cache's current LRU
-  residency (two generations of plain dicts, so evicted pages keep their history: the
-  ghost).  A page's *class* is its read count so far (1, 2, ..., ``classes`` and above).
-* **Counters.** Each read starts an *interval* of the page's new class; the next read of
-  the page ends it, and its length goes into that class's histogram of return gaps
-  (half-octave bins).  Counters decay by ``decay`` every ``epoch`` requests.
-* **Reconfiguration.** Every ``epoch`` requests the policy picks one retention age ``A_c``
-  per class: keeping class ``c`` until age ``A`` yields ``F_c(A)`` hits per interval and
-  costs ``E[min(gap, A)]`` page-time per interval; with ``rate_c`` intervals per tick, the
-  cache holds about ``sum_c rate_c * E_c[min(gap, A_c)]`` pages (Little's law).  A
-  Lagrange multiplier (the price of page-time, found by bisection) makes that equal to
-  the capacity and each class takes the age that maximises ``F_c(A) - price * E_c[...]``
-  (age 0 = evict first).  This is LHD's ranking solved for the ages at which each class
-  falls below the cache's marginal hit density.
-* **Key.** ``last_access + A_c``: a leaf's planned expiry; the most overdue goes first.
-  Until the first reconfiguration every ``A_c`` is 0, i.e. LRU.
+* **History (ghost included).** Every page key read (hit or inserted) is remembered with
+  its last read time, read count and class, for ``horizon`` times the cache's LRU
+  residency (two generations of plain dicts), so evicted pages keep their history.
+* **Classes.** A page read before is classed by its read count (1, 2, ...,
+  ``classes`` or more).  A page read for the first time is in one of three classes: the
+  request's last page (on a trace, the partial last block, which the next turn does not
+  share), a page that extends a branch whose last cached page was read at most twice
+  (the new turn of a young conversation), or any other new page.
+* **Counters.** Each read opens an *interval* of the page's class; the next read of the
+  page closes it and its length goes into a histogram (half-octave bins) kept by the
+  *cohort* (epoch of ``epoch`` requests) that opened the interval.  A bin's return share
+  is taken over the cohorts old enough to have seen every return in that bin, weighted
+  by ``decay`` per epoch of age, so long gaps are not underestimated while the history
+  fills.
+* **Reconfiguration** (every ``epoch`` requests).  Keeping class ``c`` until age ``A``
+  yields ``F_c(A)`` hits per interval and costs ``E_c[min(gap, A)]`` page-time per
+  interval; with ``r_c`` intervals per tick the cache holds about
+  ``sum_c r_c * E_c[min(gap, A_c)]`` pages (Little's law).  A price of page-time, found by
+  bisection, makes that the capacity; each class takes the age maximising
+  ``F_c(A) - price * E_c[min(gap, A)]`` (0 = evict first).  Where a class's best age jumps
+  at that price (return times that peak late, so half the pages kept twice as long hit
+  more than all of them kept the LRU time), a share of requests (by a stable hash of the
+  conversation's first unshared page) keeps the longer age, the rest the shorter one.
+* **Key.** ``last_access + A_class``: a leaf's planned expiry; the most overdue leaf goes
+  first.  Until the first reconfiguration every age is 0, i.e. LRU.  Under
+  ``semantics="sglang"`` the victim is a whole engine node, so a leaf that is a
+  request's last page is ranked by the page above it in the same node.
 
-Everything is plain Python and updated from the touch hook (one pass over a request's
-page keys) and reconfigured in O(classes x bins); no future request is looked at.
-The clock is the tree's (:attr:`RadixTree.now`).
+State changes only in :meth:`on_touch` (one pass over a request's page keys; an engine
+plugin would call it from its match/insert hook) and :meth:`key` reads plain dicts: plain
+Python, no numpy.  Reconfiguration costs O(classes x bins x cohorts) every ``epoch``
+requests.  The clock is the tree's (:attr:`RadixTree.now`).
 """
 from __future__ import annotations
 
@@ -74,7 +86,7 @@ def _class_count(v):
 
 
 class HitDensityPolicy(EvictionPolicy):
-    """Retention age per reuse class, chosen online from observed return gaps (see module doc)."""
+    """Retention age per class of page, chosen online from observed return gaps (module doc)."""
 
     name = "hit_density"
     wants_touch = True
@@ -130,8 +142,9 @@ class HitDensityPolicy(EvictionPolicy):
         branch = self.classes + 1         # first read, below a page read at most twice before
         mix = self._mix
         new = 0
-        last = page_keys[-1] if page_keys else 0
-        u = ((((last * 0x9E3779B1) >> 7) if type(last) is int else _stable_hash(last)) & 0xFFFF) / 65536.0
+        first = page_keys[0] if page_keys else 0
+        u = ((((first * 0x9E3779B1) >> 7) if type(first) is int else _stable_hash(first)) & 0xFFFF) / 65536.0
+        r0 = -1
         n = len(page_keys)
         prev = 0          # reads of the previous page before this request (0: none / new)
         run = -1          # class of the pages read for the first time in the current run
@@ -140,6 +153,11 @@ class HitDensityPolicy(EvictionPolicy):
             packed = cur.get(key)
             if packed is None:
                 packed = old.get(key)
+            if r0 < 0:
+                r0 = 0 if packed is None else packed & 127
+            elif r0 and (packed is None or (packed & 127) * 2 < r0):
+                r0 = 0   # the first page that is not shared like page 0: the conversation's
+                u = ((((key * 0x9E3779B1) >> 7) if type(key) is int else _stable_hash(key)) & 0xFFFF) / 65536.0
             if packed is None:
                 reads = 1
                 new += 1
