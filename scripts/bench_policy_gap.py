@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Share of the LRU->Belady gap each online policy closes (rules semantics, 512-token pages).
+"""Share of the LRU->Belady gap each online policy closes (512-token pages; rules semantics unless --semantics).
 
 Workloads: the conversation trace (first half = where parameters were chosen, second half
 = held out, and the whole trace) and synthetic traces of different reuse shapes
@@ -8,7 +8,7 @@ parameter was tuned on any synthetic shape).
 Share = (policy - LRU) / (Belady - LRU) in hit blocks; ``-`` where Belady equals LRU.
 
     .venv/bin/python scripts/bench_policy_gap.py [--policies ghost_lru,ghost_lfu,auto_ghost_lfu,hit_density]
-        [--workloads conversation,synthetic-quick]
+        [--workloads conversation,synthetic-quick] [--semantics sglang]
 """
 from __future__ import annotations
 
@@ -43,14 +43,16 @@ SHAPES = {
 }
 
 
-def hits(reqs, policy, blocks):
+def hits(reqs, policy, blocks, semantics="rules"):
     rec = make_record(page_size=512, max_total_tokens=blocks * 512)
-    return replay(rec, reqs, policy=policy).hit_blocks
+    return replay(rec, reqs, policy=policy, cache_semantics=semantics).hit_blocks
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policies", default="ghost_lru,ghost_lfu,auto_ghost_lfu,hit_density")
+    ap.add_argument("--semantics", default="rules", choices=("rules", "sglang"),
+                    help="cache semantics of every replay, Belady's included")
     ap.add_argument("--workloads", default="",
                     help="comma-separated prefixes of the workload names to run (default: all)")
     args = ap.parse_args()
@@ -68,11 +70,11 @@ def main() -> int:
     print(f"{'workload':<30} {'blocks':>6} {'LRU':>7} {'Belady':>7} " + " ".join(f"{p:>16}" for p in policies))
     for name, reqs in workloads.items():
         for blocks in CAPACITIES:
-            lru = hits(reqs, "lru", blocks)
-            bel = hits(reqs, "belady", blocks)
+            lru = hits(reqs, "lru", blocks, args.semantics)
+            bel = hits(reqs, "belady", blocks, args.semantics)
             cells = []
             for p in policies:
-                h = hits(reqs, p, blocks)
+                h = hits(reqs, p, blocks, args.semantics)
                 share = f"{(h - lru) / (bel - lru):+.1%}" if bel > lru else "-"
                 cells.append(f"{h:>8} {share:>7}")
             print(f"{name:<30} {blocks:>6} {lru:>7} {bel:>7} " + " ".join(cells), flush=True)
