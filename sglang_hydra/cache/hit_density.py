@@ -29,9 +29,9 @@ request's pages (the tree path) and the clock.  Nothing about future requests.
   ``sum_c r_c * E_c[min(gap, A_c)]`` pages (Little's law).  A price of page-time, found by
   bisection, makes that the capacity; each class takes the age maximising
   ``F_c(A) - price * E_c[min(gap, A)]`` (0 = evict first).  Where a class's best age jumps
-  at that price (return times that peak late, so half the pages kept twice as long hit
-  more than all of them kept the LRU time), a share of requests (by a stable hash of the
-  conversation's first unshared page) keeps the longer age, the rest the shorter one.
+  at that price (return times that peak late can make it pay to keep a share of pages
+  longer rather than all of them for the LRU time), a share of requests (by a stable hash
+  of the conversation's first unshared page) keeps the longer age, the rest the shorter one.
 * **Key.** ``last_access + A_class``: a leaf's planned expiry; the most overdue leaf goes
   first.  Until the first reconfiguration every age is 0, i.e. LRU.  Under
   ``semantics="sglang"`` the victim is a whole engine node, so a leaf that is a
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from typing import List
 
-from .policies import EvictionPolicy, Param, _stable_hash
+from .policies import EvictionPolicy, Param, _stable_hash, register_eviction_policy
 
 __all__ = ["HitDensityPolicy"]
 
@@ -309,3 +309,6 @@ class HitDensityPolicy(EvictionPolicy):
     def retention(self) -> List[int]:
         """Current retention age per class, in ticks (for reports and tests)."""
         return list(self._ttl)
+
+
+register_eviction_policy("hit_density", HitDensityPolicy)

@@ -700,12 +700,3 @@ def _tell_config_what_sglang_runs() -> None:
 
 
 _tell_config_what_sglang_runs()
-
-
-def _register_extra_policies() -> None:
-    from .hit_density import HitDensityPolicy
-
-    register_eviction_policy("hit_density", HitDensityPolicy)
-
-
-_register_extra_policies()
