@@ -107,3 +107,18 @@ def test_is_deterministic_across_processes():
                            env={**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": seed}).stdout
             for seed in ("1", "2")}
     assert len(outs) == 1 and outs.pop().strip().isdigit()
+
+
+@pytest.mark.parametrize("semantics, expected", [("rules", 0), ("sglang", 7)])
+def test_last_page_leaf_is_ranked_by_its_engine_node(semantics, expected):
+    """A request's last page is rarely read again (a trace's partial last block), but under
+    sglang semantics the engine evicts the whole node it ends, so the leaf takes the
+    retention of the page above it in that node."""
+    pol = make_policy("hit_density", {"epoch": 1000})
+    t = RadixTree(None, pol, semantics=semantics)
+    t.serve(["a", "b", "c"], 0)
+    last = pol.classes                     # class of a request's last, newly read page
+    pol._ttl = [7] * (pol.classes + 2)
+    pol._ttl[last] = 0
+    leaf = t.root.children["a"].children["b"].children["c"]
+    assert pol.key(leaf) - leaf.last_access == expected
