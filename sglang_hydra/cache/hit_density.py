@@ -117,7 +117,9 @@ class HitDensityPolicy(EvictionPolicy):
         self._mix = [0.0] * k
         self._requests = 0
         self._ticks = 0.0         # decayed ticks observed, for the history span
-        self._new_pages = 0.0     # decayed pages read for the first time (within history)
+        self._new_pages = 0.0     # decayed keys read for the first time (within history)
+        self._units = 0.0         # decayed keys read, and the pages they hold: the tree's
+        self._pages = 0.0         # capacity is in pages, the counters are per key (unit)
         self._span = 1 << 62      # history length in ticks (until the first estimate)
 
     def _open_cohort(self, now) -> None:
@@ -181,6 +183,8 @@ class HitDensityPolicy(EvictionPolicy):
             births[c] += 1.0
             cur[key] = stamp | (c << 8) | (128 if u < mix[c] else 0) | reads
         self._new_pages += new
+        self._units += n
+        self._pages += last_node.depth + 1
         if now - self._rotated > self._span:
             self._old = cur
             self._cur = {}
@@ -215,13 +219,17 @@ class HitDensityPolicy(EvictionPolicy):
         closing.end = now
         self._ticks += now - closing.start
         cap = self.tree.capacity
+        if cap and self._pages > 0:
+            cap = cap * self._units / self._pages      # in keys, as the counters count
         if cap and self._new_pages > 0 and self._ticks > 0:
-            # LRU residency ~ capacity / new pages per tick; history covers `horizon` of it
+            # LRU residency ~ capacity / new keys per tick; history covers `horizon` of it
             self._span = max(1, int(self.horizon * cap * self._ticks / self._new_pages))
             self._ttl, self._long, self._mix = self._solve(cap, now)
         d = self.decay
         self._ticks *= d
         self._new_pages *= d
+        self._units *= d
+        self._pages *= d
         cohorts = self._cohorts
         for cohort in cohorts.values():
             cohort.weight *= d

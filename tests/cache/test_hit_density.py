@@ -122,3 +122,13 @@ def test_last_page_leaf_is_ranked_by_its_engine_node(semantics, expected):
     pol._ttl[last] = 0
     leaf = t.root.children["a"].children["b"].children["c"]
     assert pol.key(leaf) - leaf.last_access == expected
+
+
+def test_capacity_in_pages_is_converted_to_keys_for_weighted_units():
+    """With several pages per key (page 16 on a 512-token-block trace) the counters count keys
+    and the capacity counts pages: the policy tracks keys per page to compare them."""
+    pol = make_policy("hit_density", {"epoch": 1000})
+    t = RadixTree(100, pol)
+    for i in range(5):
+        t.serve([f"s{i}", f"t{i}", f"u{i}"], i, weights=[4, 4, 3])
+    assert pol._units == 15 and pol._pages == 55
