@@ -27,7 +27,9 @@ request's pages (the tree path) and the clock.  Nothing about future requests.
   yields ``F_c(A)`` hits per interval and costs ``E_c[min(gap, A)]`` page-time per
   interval; with ``r_c`` intervals per tick the cache holds about
   ``sum_c r_c * E_c[min(gap, A_c)]`` pages (Little's law).  A price of page-time, found by
-  bisection, makes that the capacity; each class takes the age maximising
+  bisection, makes that the capacity (pages, converted to keys by the observed pages per
+  key, since a key holds several pages when pages are smaller than a trace block); each
+  class takes the age maximising
   ``F_c(A) - price * E_c[min(gap, A)]`` (0 = evict first).  Where a class's best age jumps
   at that price (return times that peak late can make it pay to keep a share of pages
   longer rather than all of them for the LRU time), a share of requests (by a stable hash
