@@ -14,6 +14,7 @@ from .policies import (
     register_eviction_policy,
     validate_policy_config,
 )
+from . import hit_density  # noqa: F401  (registers the "hit_density" eviction policy)
 from .movers import CountingMover, storage_page_key
 from .radix import MatchResult, RadixTree, TreeNode, block_page_keys, chained_page_keys
 from .tiered import TieredCache

@@ -95,7 +95,7 @@ path_st = st.lists(st.integers(0, 2), min_size=0, max_size=6)
                               path_st, st.integers(0, 5)), max_size=40),
        capacity=st.integers(0, 12),
        policy=st.sampled_from(["lru", "lfu", "fifo", "slru", "priority", "ghost_lru", "ghost_lfu",
-                              "auto_ghost_lfu"]))
+                              "auto_ghost_lfu", "hit_density"]))
 def test_invariants_under_random_operations(ops, capacity, policy):
     t = RadixTree(capacity, make_policy(policy))
     locks = []
@@ -229,7 +229,7 @@ weighted_ops = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(ops=weighted_ops, capacity=st.integers(0, 25),
        policy=st.sampled_from(["lru", "lfu", "fifo", "slru", "priority", "ghost_lru", "ghost_lfu",
-                              "auto_ghost_lfu"]))
+                              "auto_ghost_lfu", "hit_density"]))
 def test_weighted_invariants_under_random_operations(ops, capacity, policy):
     """Units with random page counts: a unit's key names its prefix, and only a request's
     last unit may hold fewer pages than a full one, as a trace's partial last block does."""
@@ -357,7 +357,7 @@ def test_sglang_semantics_is_one_tier_only():
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "slru", "priority", "span_lru", "ghost_lru", "ghost_lfu",
-                                    "auto_ghost_lfu"])
+                                    "auto_ghost_lfu", "hit_density"])
 def test_sglang_semantics_invariants_under_random_requests(policy):
     """Structure, sizes and locks stay consistent; the tree never exceeds its capacity when
     every request fits; whole-segment eviction never frees a page of the current request."""

@@ -58,7 +58,7 @@ def test_which_policies_need_the_plugin():
     assert policy_runs_in_sglang("lru") and policy_runs_in_sglang("span_lru")
     assert not policy_runs_in_sglang("ghost_lru") and not policy_runs_in_sglang("belady")
     # the ghost-history policies need insert/evict hooks: replay-only until a radix-cache backend ships
-    for name in ("ghost_lfu", "auto_ghost_lfu"):
+    for name in ("ghost_lfu", "auto_ghost_lfu", "hit_density"):
         assert name in available_policies() and not policy_runs_in_sglang(name)
     # every plugin policy is one of ours with the same parameters
     for name, params in sglang_plugin.PLUGIN_POLICIES.items():

@@ -74,3 +74,22 @@ def test_pd_pair_zmq(tmp_path):
             "disagg.disaggregation_enable_kv_checksum=true", "job.timeout=90", cwd=tmp_path, timeout=150)
     assert r.returncode == 0, r.stderr
     assert "ok=20 failed=0" in r.stdout
+
+
+def test_replay_with_the_hit_density_policy_and_its_config(tmp_path):
+    """The learned-retention policy through the command line, under both cache semantics;
+    a key it does not take exits 2 with one line naming it."""
+    for semantics in ("rules", "sglang"):
+        r = run("job=replay", *TARGET, "schedule.page_size=512", "schedule.max_total_tokens=512000",
+                "memory.radix_eviction_policy=hit_density", "memory.radix_eviction_policy_config={epoch:50,classes:3}",
+                f"job.cache_semantics={semantics}", "job.max_requests=600", "job.format=json",
+                f"hydra.run.dir={tmp_path}/{semantics}", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        data = json.loads((tmp_path / semantics / "replay.json").read_text())
+        assert data["deployment"]["eviction_policy"] == "hit_density"
+        assert 0 < data["cache"]["token_hit_rate"] < 1
+    r = run("job=replay", *TARGET, "schedule.page_size=512", "memory.radix_eviction_policy=hit_density",
+            "memory.radix_eviction_policy_config={alpha:2}", "job.max_requests=10", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "alpha" in ln]
+    assert len(lines) == 1 and "unknown key 'alpha'" in lines[0] and "'hit_density'" in lines[0], r.stderr
