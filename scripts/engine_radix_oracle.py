@@ -141,13 +141,13 @@ def _run(run, requests, priorities):
         match = cache.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=tokens, extra_key=None)))
         hit = match.device_prefix_len
         node = match.last_device_node
-        cache.inc_lock_ref(node)
+        lock = cache.lock(node)
         need = cache.evictable_size() + cache.protected_size() + len(tokens) - hit - cap
         if need > 0:
             cache.evict(EvictParams(num_tokens=need))
         prio = priorities[i] if priorities else 0
         cache.insert(InsertParams(key=RadixKey(token_ids=tokens, extra_key=None), priority=prio))
-        cache.dec_lock_ref(node)
+        cache.unlock(lock)
         hits.append(hit // per)
     strategy = getattr(cache, "eviction_strategy", None)
     core = getattr(cache, "tree_core", None)

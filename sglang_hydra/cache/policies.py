@@ -239,6 +239,22 @@ class TLRUPolicy(EvictionPolicy):
     def bind(self, tree):
         super().bind(tree)
         self._slack = self.next_prompt_estimate - self.threshold
+        if getattr(tree, "semantics", "rules") == "sglang":
+            self.key = self._engine_key
+
+    def _engine_key(self, node):
+        """SGLang's T-LRU (``UnifiedRadixCache``): a node is safe when the pages cached
+        before its whole engine node (segment), not before its last page, cover the budget."""
+        seg = node.seg
+        top = node
+        parent = node.parent
+        while parent is not None and parent.seg == seg and parent.parent is not None:
+            top = parent
+            parent = top.parent
+        ps = self.page_size
+        budget = node.high_water * ps + self._slack
+        safe = (top.depth - top.weight + 1) * ps >= (budget if budget > 0 else 0)
+        return (0 if safe else 1 << SHIFT) + node.last_access
 
     def on_touch(self, page_keys, k, clock, last_node):
         n = last_node.depth + 1

@@ -590,8 +590,6 @@ class RadixTree:
                     if nxt is None:
                         break
                     below = nxt
-                if not below.children:
-                    self._push(below)
                 fresh = self._stamp()
                 created = self._stamp()
                 self._segs += 1
@@ -602,6 +600,9 @@ class RadixTree:
                     node.last_access = fresh
                     node.insert_time = created
                     node = node.parent
+                if not below.children:
+                    # after the split: a key may look at the (now shorter) engine node
+                    self._push(below)
         # ---- pin the match, evict until the new pages fit
         last.lock_ref += 1
         total = len(keys) if weights is None else sum(weights)
