@@ -403,6 +403,24 @@ class GhostLRUPolicy(EvictionPolicy):
     def _engine_key(self, node):
         return self.history.priority(node.hit_count, node.last_access)
 
+    def rekey(self, entries):
+        """``[(key(node), seq, node)]`` for heap entries ``(old key, seq, node)``: what
+        :meth:`_engine_key` gives, with the credit computed once per hit count."""
+        credit = self.history.credit
+        memo = {}
+        out = []
+        for _, seq, node in entries:
+            c = node.hit_count
+            t = node.last_access
+            if c > 1:
+                cr = memo.get(c)
+                if cr is None:
+                    cr = memo[c] = credit(c)
+                out.append(((t + cr, t), seq, node))
+            else:
+                out.append(((t + 0.0, t), seq, node))
+        return out
+
     def on_insert(self, node):
         count = self._ghost.pop(node.key, None)
         if count is not None:

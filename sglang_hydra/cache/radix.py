@@ -472,11 +472,16 @@ class RadixTree:
         """A policy with engine-node hooks, as the engine plugin's cache runs it: the clock
         is read once when ``evict()`` starts, and every candidate leaf's key is evaluated
         then (the engine builds its heap from all evictable leaves at each call)."""
-        self.policy.evict_started(self._stamp())
-        key = self.policy.key
-        shielded = self._shielded
-        heap = [(key(e[2]), e[1], e[2]) for e in self._heap
-                if e[2].heap_seq == e[1] and not shielded(e[2])]
+        policy = self.policy
+        policy.evict_started(self._stamp())
+        # current entries of cached leaves (RadixTree._shielded, inlined: sglang semantics only)
+        live = [e for e in self._heap if e[2].heap_seq == e[1] and not e[2].children and e[2].parent is not None]
+        rekey = getattr(policy, "rekey", None)
+        if rekey is not None:          # the same keys as ``key``, computed in bulk
+            heap = rekey(live)
+        else:
+            key = policy.key
+            heap = [(key(e[2]), e[1], e[2]) for e in live]
         heapify(heap)
         self._heap = heap
 
