@@ -11,7 +11,7 @@ Input on stdin, one JSON object::
      "load_plugins": false,
      "runs": [{"policy": "lru", "policy_config": {...} | null, "page_tokens": 2,
                "capacity_pages": 1000, "clock": "logical" | "monotonic",
-               "cache": "radix" | "server"}, ...]}
+               "cache": "radix" | "server", "model_shape": {"is_hybrid_swa": false, ...}}, ...]}
 
 Page ids are non-negative ints; page ``p`` becomes ``page_tokens`` token ids
 ``p * page_tokens + t``, and the engine runs with ``page_size = page_tokens``.  The
@@ -109,10 +109,11 @@ def _server_cache(spec, allocator):
     params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=allocator,
                              page_size=int(spec["page_tokens"]), eviction_policy=spec["policy"],
                              eviction_policy_config=spec.get("policy_config") or None)
-    ctx = registry.TreeCacheBuildContext(server_args=args, params=params, is_hybrid_swa=False,
-                                         is_hybrid_ssm=False, enable_hierarchical_cache=False,
-                                         disable_radix_cache=False, tp_worker=None, model_config=None,
-                                         tp_size=1, tp_rank=0, tp_group=None)
+    shape = dict(is_hybrid_swa=False, is_hybrid_ssm=False, enable_hierarchical_cache=False)
+    shape.update(spec.get("model_shape") or {})     # e.g. {"is_hybrid_swa": true}: a hybrid model
+    ctx = registry.TreeCacheBuildContext(server_args=args, params=params, disable_radix_cache=False,
+                                         tp_worker=None, model_config=None, tp_size=1, tp_rank=0,
+                                         tp_group=None, **shape)
     return registry.create_tree_cache(ctx)
 
 

@@ -192,3 +192,19 @@ def test_check_engine_accepts_the_plugin_policy_once_installed(plugin_overlay, t
     assert r.returncode == 0, r.stderr
     assert f"--radix-eviction-policy {policy}" in r.stdout
     assert "SGLang 0.5.23 accepts this configuration" in r.stderr
+
+
+def test_hooked_policy_refuses_a_server_its_cache_cannot_serve(plugin_overlay):
+    """A ghost policy needs SGLang's RadixCache; for a hybrid (sliding-window) model the server
+    stops with one line that says why, instead of running the policy without its hooks."""
+    env = dict(os.environ, PYTHONPATH=str(plugin_overlay), SGLANG_PLUGINS="hydra_eviction_policies")
+    proc = subprocess.run([REFERENCE_PYTHON, str(ORACLE)], capture_output=True, text=True, timeout=300,
+                          input=json.dumps({"requests": [[1, 2]], "load_plugins": True, "runs": [
+                              {"policy": "ghost_lru", "page_tokens": 1, "capacity_pages": 10, "cache": "server",
+                               "model_shape": {"is_hybrid_swa": True}},
+                              {"policy": "ghost_lru", "page_tokens": 1, "capacity_pages": 10, "cache": "server"}]}),
+                          env=env)
+    hybrid, plain = json.loads(proc.stdout)["runs"]
+    assert "ghost_lru (sglang-hydra's plugin) runs in SGLang's RadixCache only" in hybrid["error"]
+    assert "hybrid (sliding-window or state-space) model" in hybrid["error"]
+    assert plain["cache_class"] == "HydraHookedRadixCache" and plain["hits"] == [0]
