@@ -771,7 +771,7 @@ def _tell_config_what_sglang_runs() -> None:
 
     from .sglang_plugin import PLUGIN_NAME, PLUGIN_POLICIES
 
-    set_engine_policy_support(SGLANG_BUILTIN_POLICIES, PLUGIN_POLICIES, PLUGIN_NAME)
+    set_engine_policy_support(SGLANG_BUILTIN_POLICIES, PLUGIN_POLICIES, PLUGIN_NAME, HOOKED_POLICIES)
 
 
 _tell_config_what_sglang_runs()

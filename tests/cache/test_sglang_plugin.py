@@ -195,3 +195,13 @@ def test_rules_semantics_keep_the_documented_ghost_lru():
     tree.serve([1, 2])
     tree.serve([3, 4, 5])
     assert dict(tree.policy._ghost) == {2: 1}                        # one page (the leaf) freed, as the rules say
+
+
+def test_a_ghost_policy_with_hicache_cannot_be_deployed(tmp_path):
+    """The hooked RadixCache serves plain models only: with HiCache SGLang builds another cache."""
+    r = run("job=resolve", "job.check=engine", "memory.radix_eviction_policy=ghost_lru",
+            "memory.enable_hierarchical_cache=true", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("  - ")]
+    assert len(lines) == 1 and "memory.radix_eviction_policy (--radix-eviction-policy)" in lines[0]
+    assert "does not use with --enable-hierarchical-cache" in lines[0]
