@@ -58,13 +58,16 @@ add_disagg_transfer_backend_choices("zmq")
 
 # Which eviction policies SGLang itself can run (issue 20).  The cache layer fills this in at
 # import (``cache.policies``): the engine's own choices, and those our engine plugin adds.
-_ENGINE_POLICIES = {"builtin": (), "plugin": (), "plugin_name": ""}
+_ENGINE_POLICIES = {"builtin": (), "plugin": (), "plugin_name": "", "hooked": ()}
 
 
-def set_engine_policy_support(builtin: Iterable[str], plugin: Iterable[str], plugin_name: str) -> None:
-    _ENGINE_POLICIES.update(builtin=tuple(builtin), plugin=tuple(plugin), plugin_name=plugin_name)
+def set_engine_policy_support(builtin: Iterable[str], plugin: Iterable[str], plugin_name: str,
+                              hooked: Iterable[str] = ()) -> None:
+    _ENGINE_POLICIES.update(builtin=tuple(builtin), plugin=tuple(plugin), plugin_name=plugin_name,
+                            hooked=tuple(hooked))
 
 
 def engine_policy_support() -> dict:
-    """``{"builtin": names, "plugin": names, "plugin_name": entry-point name}``."""
+    """``{"builtin": names, "plugin": names, "plugin_name": entry-point name, "hooked": the
+    plugin policies that run only in the plugin's hooked RadixCache}``."""
     return dict(_ENGINE_POLICIES)

@@ -123,6 +123,11 @@ _PLUGIN_PROBE = ("import importlib.metadata as m, sys; "
                  "sys.exit(0 if any(e.name == sys.argv[1] for e in m.entry_points(group='sglang.srt.plugins')) else 3)")
 
 
+#: server settings under which SGLang builds another cache than the plugin's hooked RadixCache
+_NOT_WITH_HOOKED_CACHE = ("enable_hierarchical_cache", "enable_lmcache", "enable_flexkv",
+                          "enable_unified_cache_external_linker", "enable_session_radix_cache")
+
+
 def eviction_policy_problems(record, python: Optional[str] = None) -> List[Problem]:
     """The record's eviction policy as SGLang sees it: built in, ours through the engine plugin
     (which ``python`` must have; issue 20), or one SGLang cannot run at all."""
@@ -134,6 +139,13 @@ def eviction_policy_problems(record, python: Optional[str] = None) -> List[Probl
     key, flag = "memory.radix_eviction_policy", "--radix-eviction-policy"
     python = python or sys.executable
     if name in support["plugin"]:
+        if name in support.get("hooked", ()):
+            # the plugin's hooked RadixCache serves plain models only (sglang_plugin._why_not_hooked)
+            flags = [f"--{f.replace('_', '-')}" for f in _NOT_WITH_HOOKED_CACHE if getattr(record, f, False)]
+            if flags:
+                return [Problem(key, flag, f"{name!r} runs in SGLang only in sglang-hydra's hooked RadixCache, which "
+                                f"SGLang does not use with {', '.join(flags)}; choose a built-in policy or drop "
+                                f"{'them' if len(flags) > 1 else 'it'}", "engine")]
         try:
             ok = subprocess.run([python, "-c", _PLUGIN_PROBE, support["plugin_name"]], capture_output=True,
                                 stdin=subprocess.DEVNULL, timeout=120).returncode == 0
