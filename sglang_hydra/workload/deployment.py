@@ -273,8 +273,9 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
     check_every = max(1, n // 64)
     stopped_at = None
     ai = 0
+    next_arrival = [arrivals[i] for i in order] + [INF]    # by arrival order; INF once all have come
     while True:
-        ta = arrivals[order[ai]] if ai < n else INF
+        ta = next_arrival[ai]
         th = heap[0][0] if heap else INF
         if ta == INF and th == INF:
             break
@@ -297,7 +298,7 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
                 if back is not None:
                     dserver_of[s.idx] = d_router.pick(s, now)
                 e = f_servers[si].pick(s)
-                horizon = arrivals[order[ai]] if ai < n else INF
+                horizon = next_arrival[ai]
             e.enqueue(s, now)
             if e.busy_until is None:
                 # start after every arrival of this instant has joined the queue (one batch, as
@@ -307,7 +308,7 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
                 heappush(heap, (now, seq, START, e, None))
             continue
         now, _, kind, e, payload = heappop(heap)
-        nxt_arrival = arrivals[order[ai]] if ai < n else INF
+        nxt_arrival = ta                       # no arrival was taken since ta was read
         if kind == STEP:
             e.busy_until = None
             for s in e.finished:
