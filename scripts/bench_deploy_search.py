@@ -3,6 +3,7 @@ commit measured in the same run (pure Python; no GPU).
 
     python scripts/bench_deploy_search.py [--deployments 40] [--repeats 1] [--processes 2] \
         [--baseline-ref 91ff75a] [--trace conversation]
+    python scripts/bench_deploy_search.py --identity [--baseline-ref 91ff75a]
 
 The deployments are the search's own for Llama-3.1-8B on 8 x H100 (TP 1/2/4/8, agg and disagg:
 86 of them), evaluated against the issue's SLA (TTFT <= 2 s, TPOT <= 50 ms) as
@@ -19,6 +20,10 @@ CPU / 2; the machine may be shared, so wall time alone can overstate it), the wa
 ratio baseline / current, and the issue's budget (>= 40 deployments in <= 60 s on 2 cores).  The
 figures of every deployment must be identical in both trees and every repeat (a digest of them is
 compared): the speed-ups change no result.  Exit status 1 if they differ.
+
+``--identity`` runs only the byte-identity check: a fixed small search through the real command
+line (``IDENTITY_SEARCH``: 1,200 conversation requests, up to 4 GPUs, TP 1/2, HiCache off and x2,
+two router policies; agg and disagg) in both trees, comparing their ``summary.csv`` byte for byte.
 """
 from __future__ import annotations
 
@@ -75,6 +80,33 @@ def _worker(args) -> int:
     return 0
 
 
+IDENTITY_SEARCH = ("job=deploy_search", "model=llama3_1_8b", "hardware=h100_80gb", "deploy.total_gpus=4",
+                   "job.trace=conversation", "job.max_requests=1200", "job.sla.ttft_ms=3000", "job.sla.tpot_ms=50",
+                   "job.search.tp=[1,2]", "job.search.hicache_ratio=[0,2]",
+                   "job.search.router_policies=[cache_aware,round_robin]", "job.top=200", "job.processes=2")
+
+
+def _identity(base_tree: Path, tmp: Path) -> int:
+    """The fixed small search in both trees: summary.csv must be byte-identical."""
+    import time
+    texts = {}
+    for name, tree in (("baseline", base_tree), ("current", REPO)):
+        out = tmp / f"search_{name}"
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "sglang_hydra", *IDENTITY_SEARCH, f"job.output_dir={out}"],
+                           env=dict(os.environ, PYTHONPATH=str(tree)), cwd=str(tmp), capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"{name}: the search failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
+            return 1
+        texts[name] = (out / "summary.csv").read_bytes()
+        rows = texts[name].count(b"\n") - 1
+        print(f"{name:8s}: {rows} deployments ranked, summary.csv {len(texts[name]):,} bytes, "
+              f"{time.perf_counter() - t0:.1f} s wall")
+    same = texts["baseline"] == texts["current"]
+    print(f"summary.csv byte-identical in both trees: {same}")
+    return 0 if same else 1
+
+
 def _extract(ref: str, into: Path) -> Path:
     """The source tree of ``ref`` (package and conf/) under ``into``."""
     tar = subprocess.run(["git", "-C", str(REPO), "archive", ref, "sglang_hydra", "conf"], capture_output=True,
@@ -104,12 +136,15 @@ def main() -> int:
     ap.add_argument("--baseline-ref", default="91ff75a", help="git commit of the baseline tree")
     ap.add_argument("--trace", default="conversation")
     ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--identity", action="store_true", help="only the byte-identity check of a fixed small search")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return _worker(args)
     with tempfile.TemporaryDirectory(prefix="bench_deploy_search_") as tmp:
         base_tree = _extract(args.baseline_ref, Path(tmp))
+        if args.identity:
+            return _identity(base_tree, Path(tmp))
         runs = {"baseline": [], "current": []}
         for i in range(args.repeats):
             for name, tree in (("baseline", base_tree), ("current", REPO)):
