@@ -138,6 +138,7 @@ class PassModel:
         ``qk_norm``: the model normalises q and k per head (Qwen3): two more element-wise kernels a layer."""
         self.name = name
         self.tp = tp
+        self.time_scale = 1.0      # see scaled()
         self.weight_bytes_per_gpu = float(weight_bytes_per_gpu)
         self.kv_bytes_per_token = float(kv_bytes_per_token)
         hw = hardware
@@ -398,7 +399,8 @@ class PassModel:
             y = decode_kv_tokens * self._dec_flop_s
             if y > x:
                 x = y
-            return t + (x if x > self._attn_floor else self._attn_floor)
+            t += x if x > self._attn_floor else self._attn_floor
+            return t * self.time_scale      # the general path's return, for this pass
         if m <= 0:
             return 0.0
         if prefill_seqs is None:

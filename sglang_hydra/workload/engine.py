@@ -293,8 +293,10 @@ class Engine:
 
         Decode passes continue in this call while nothing outside can change the schedule
         (no event before ``horizon``, no waiting request that a finish could let in)."""
-        self.finished = []
-        self.prefilled = []
+        if self.finished:          # the loop has read the last pass's lists by now; empty ones are reused
+            self.finished = []
+        if self.prefilled:
+            self.prefilled = []
         if self.joining:
             steps = self.steps
             for s in self.joining:

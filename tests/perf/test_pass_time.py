@@ -308,7 +308,8 @@ def _general_step_s(m, n, kv):
     y = kv * m._dec_flop_s
     if y > x:
         x = y
-    return t + (x if x > m._attn_floor else m._attn_floor)
+    t += x if x > m._attn_floor else m._attn_floor
+    return t * m.time_scale
 
 
 @pytest.mark.parametrize("model,hwname,tp", [("llama3_1_8b", "h100_80gb", 1), ("llama3_1_8b", "l40s_48gb", 2),
