@@ -153,7 +153,8 @@ def _deployment(argv: Sequence[str]) -> int:
     sides, then the job; ``-m`` runs a sweep of deployments and ``hydra.run.dir`` places the run."""
     from .config.deploy import deployment_request
     from .jobs.context import JobContext
-    from .jobs.deploy_sweep import command_overrides, point_config, resolve_dirs, split_runtime, write_inputs
+    from .jobs.deploy_sweep import (command_overrides, file_overrides, point_config, resolve_dirs, split_runtime,
+                                    with_file_overrides, write_inputs)
     from .jobs.runner import run_job
 
     runtime = split_runtime(argv)
@@ -169,7 +170,7 @@ def _deployment(argv: Sequence[str]) -> int:
         out_dir, _dirs, problems = resolve_dirs(runtime.settings, [], multirun=False)
         if problems:
             raise ConfigError(problems)
-        overrides = command_overrides(runtime.argv)
+        overrides = with_file_overrides(file_overrides(request), command_overrides(runtime.argv))
         if out_dir is not None:        # hydra.run.dir: the job's directory, with its inputs as Hydra saves them
             write_inputs(out_dir, overrides, point_config(settings, job))
         ctx = JobContext(output_dir=out_dir, overrides=tuple(overrides), hardware=hardware, deploy=settings)
@@ -239,11 +240,13 @@ def _deployment_sweep(runtime) -> int:
     failures.SWEEP_RUNS.clear()
     failures.SWEEPS_STARTED.clear()
     failures.SWEEPS_STARTED.append(sweep_dir)
+    from .jobs.deploy_sweep import file_overrides
+    from_file = file_overrides(deployment_request(points[0].argv)) if points else []
     import signal
     previous_term = _terminate_as_interrupt()
     try:
         for p, job_dir in zip(points, dirs):
-            _deployment_point(p, job_dir, composed.get(p.num), failed.get(p.num))
+            _deployment_point(p, job_dir, composed.get(p.num), failed.get(p.num), from_file)
     except KeyboardInterrupt as exc:
         return _interrupted_sweeps(exc)
     finally:
@@ -262,28 +265,31 @@ def _summarise(sweep_dir, report: bool) -> None:
             print(f"sglang-hydra: could not write the sweep summary in {sweep_dir}: {err}", file=sys.stderr)
 
 
-def _deployment_point(point, job_dir, composed, problems) -> None:
+def _deployment_point(point, job_dir, composed, problems, from_file=()) -> None:
     """One point of a deployment sweep in ``job_dir``: its inputs in .hydra/, then what the job
-    writes (or error.json), then the tables so far (a sweep that dies still leaves them)."""
+    writes (or error.json), then the tables so far (a sweep that dies still leaves them).
+    ``from_file``: the --config file's settings as overrides, recorded before the point's own
+    (as Hydra records a file's settings), so each point's record says what it ran with."""
     from .jobs import failures
     from .jobs.context import JobContext
-    from .jobs.deploy_sweep import point_config, write_inputs
+    from .jobs.deploy_sweep import point_config, with_file_overrides, write_inputs
     from .jobs.runner import run_job
 
     print(f"#{point.num} : {' '.join(point.overrides)}", flush=True)
     failures.clear_error(job_dir)
     label = f"job {point.num} ({' '.join(point.overrides)}): "
+    overrides = with_file_overrides(from_file, point.overrides)
     if composed is None:
-        write_inputs(job_dir, point.overrides, {"job": {}})
+        write_inputs(job_dir, overrides, {"job": {}})
         code, message = _report_error(ConfigError(problems), label)
     else:
         target, job_name, job, settings, hardware = composed
-        write_inputs(job_dir, point.overrides, point_config(settings, job))
-        ctx = JobContext(output_dir=job_dir, multirun=True, overrides=tuple(point.overrides), hardware=hardware,
+        write_inputs(job_dir, overrides, point_config(settings, job))
+        ctx = JobContext(output_dir=job_dir, multirun=True, overrides=tuple(overrides), hardware=hardware,
                          deploy=settings)
         code, message = _sweep_job(lambda: run_job(job_name, target, job, ctx), label)
     if code != EXIT_OK:
-        failures.write_error(job_dir, point.overrides, message, code)
+        failures.write_error(job_dir, overrides, message, code)
     _summarise(job_dir.parent, report=False)
 
 

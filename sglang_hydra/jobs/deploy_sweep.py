@@ -255,3 +255,42 @@ def command_overrides(argv: Sequence[str]) -> List[str]:
     """The ``key=value`` overrides of a command, as Hydra lists a run's task overrides."""
     free = _override_positions(argv)
     return [t for p, t in enumerate(argv) if p in free and "=" in t]
+
+
+def file_overrides(request) -> List[str]:
+    """A deployment command's ``--config`` file settings as overrides, as the ordinary (Hydra) path
+    records a file's settings among a run's task overrides: the file's ``deploy`` option and keys,
+    its shared settings (group choices, record fields by their ``namespace.field`` keys, ``job.*``,
+    ``hardware.*``), then each side's (``prefill.``/``decode.``).  Empty without a file; a file
+    that cannot be read gives nothing here (composing the run reports it)."""
+    from ..config.compose import Command, hydra_override_list, load_config_file, render_override, settings_from_mapping
+    from ..config.deploy.model import SIDES
+
+    path = getattr(request, "config_file", None)
+    if not path:
+        return []
+    src = f"--config {path}"
+
+    def rendered(data, source) -> List[str]:
+        cmd = Command()
+        settings_from_mapping(data, source, cmd, choices_ok=True)
+        return [] if cmd.problems else hydra_override_list(cmd, include_hydra=False)
+
+    if not request.file_sections_read:
+        cmd = Command()
+        load_config_file(path, cmd)
+        return [] if cmd.problems else hydra_override_list(cmd, include_hydra=False)
+    out = [f"deploy={request.file_option}"] if request.file_option else []
+    out += [render_override(f"deploy.{k}", v) for k, v, source in request.deploy_settings if source == src]
+    out += rendered(request.file_shared, src)
+    for role in SIDES:
+        if role in request.file_sides:
+            out += [f"{role}.{o}" for o in rendered(request.file_sides[role], f"{src} ({role}:)")]
+    return out
+
+
+def with_file_overrides(file_ovs: Sequence[str], overrides: Sequence[str]) -> List[str]:
+    """The file's overrides, then the command line's; a key the command line sets again is the
+    command line's alone (it wins over the file, as it does when composing)."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    return [o for o in file_ovs if o.split("=", 1)[0].lstrip("+~") not in given] + list(overrides)

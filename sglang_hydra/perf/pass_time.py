@@ -261,6 +261,9 @@ class PassModel:
         kernels = ELEMENTWISE_KERNELS_PER_LAYER + (2 if qk_norm else 0)
         self._elem_fixed = layers * kernels * float(hw["elementwise_kernel_us"]) * US
         self._moe_memo: Dict[int, float] = {}
+        # decode-only passes by batch size: (the token and LM-head terms, the KV-read occupancy
+        # factor, the per-sequence term), each the same float step_s computes (see _decode_terms)
+        self._decode_memo: Dict[int, Tuple[float, float, float]] = {}
         self._build_piecewise()
 
     # ------------------------------------------------------------------ construction
@@ -386,6 +389,19 @@ class PassModel:
         ``prefill_seqs``: prefill sequences (rows of the LM head); unset: one if the pass
         computes any prefill token."""
         m = new_tokens
+        if m == decode_seqs and not prefill_attn_pairs and not prefill_seqs and m > 0:
+            # a decode-only pass (most passes of a simulation): the terms that depend on the batch
+            # size alone are looked up; the sums run in step_s's order, so the result is the same float
+            terms = self._decode_memo.get(m)
+            if terms is None:
+                terms = self._decode_terms(m)
+            t, occ_factor, per_seq = terms
+            x = decode_kv_tokens * self._dec_kv_s * occ_factor + per_seq + self._dec_layer_s
+            y = decode_kv_tokens * self._dec_flop_s
+            if y > x:
+                x = y
+            t += x if x > self._attn_floor else self._attn_floor
+            return t * self.time_scale      # the general path's return, for this pass
         if m <= 0:
             return 0.0
         if prefill_seqs is None:
@@ -424,6 +440,25 @@ class PassModel:
         other = copy.copy(self)
         other.time_scale = self.time_scale * float(factor)
         return other
+
+    def _decode_terms(self, n: int) -> Tuple[float, float, float]:
+        """What a decode-only pass of ``n`` sequences adds before its KV read, computed exactly
+        as :meth:`step_s` computes it (same operations, same order), memoised per ``n``."""
+        i = bisect_right(self._pw_breaks, n)
+        t = self._pw_slope[i] * n + self._pw_icept[i]
+        if self._moe is not None:
+            moe = self._moe_memo.get(n)
+            if moe is None:
+                moe = self._moe_memo[n] = self._moe_s(n)
+            t += moe
+        c, w, a = self._lm
+        x = c * (n + self._lm_half)
+        y = w + a * n
+        t += x if x > y else y
+        occ = self._dec_split_seqs if n < self._dec_split_below else n
+        terms = (t, 1.0 + self._dec_half_seqs / occ, n * self._dec_seq_s)
+        self._decode_memo[n] = terms
+        return terms
 
     def _token_terms(self, m: float) -> float:
         """GEMMs (not the LM head or routed experts), all-reduce, element-wise kernels and

@@ -186,7 +186,9 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
             e.busy_until = None
             return
         seq += 1
-        heappush(heap, (end, seq, STEP, e, (e.finished, e.prefilled)))
+        # what the pass finished is read from the engine when its event comes: nothing steps an
+        # engine while its event is pending (busy_until is set), so e.finished is still that pass's
+        heappush(heap, (end, seq, STEP, e, None))
 
     def link(pe: Engine, de: Engine) -> KVLink:
         key = (id(pe), id(de))
@@ -271,8 +273,9 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
     check_every = max(1, n // 64)
     stopped_at = None
     ai = 0
+    next_arrival = [arrivals[i] for i in order] + [INF]    # by arrival order; INF once all have come
     while True:
-        ta = arrivals[order[ai]] if ai < n else INF
+        ta = next_arrival[ai]
         th = heap[0][0] if heap else INF
         if ta == INF and th == INF:
             break
@@ -295,7 +298,7 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
                 if back is not None:
                     dserver_of[s.idx] = d_router.pick(s, now)
                 e = f_servers[si].pick(s)
-                horizon = arrivals[order[ai]] if ai < n else INF
+                horizon = next_arrival[ai]
             e.enqueue(s, now)
             if e.busy_until is None:
                 # start after every arrival of this instant has joined the queue (one batch, as
@@ -305,18 +308,17 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
                 heappush(heap, (now, seq, START, e, None))
             continue
         now, _, kind, e, payload = heappop(heap)
-        nxt_arrival = arrivals[order[ai]] if ai < n else INF
+        nxt_arrival = ta                       # no arrival was taken since ta was read
         if kind == STEP:
-            finished, prefilled = payload
             e.busy_until = None
-            for s in finished:
+            for s in e.finished:
                 if back is None:
                     f_router.done(server_of[s.idx])
                 else:
                     d_router.done(dserver_of[s.idx])
                 if bar is not None:
                     bar.update(1)
-            for s in prefilled:               # disagg: the prompt is done; on to a decode engine
+            for s in e.prefilled:             # disagg: the prompt is done; on to a decode engine
                 f_router.done(server_of[s.idx])
                 de = b_servers[dserver_of[s.idx]].pick(s)
                 if not de.prealloc and de.fits_decode(s):
@@ -329,8 +331,14 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
             if e.role == "agg":
                 horizon = next_own(e) if stateless else nxt_arrival
             else:
-                horizon = min(nxt_arrival, heap[0][0] if heap else INF)
-            kick(e, now, horizon)
+                th = heap[0][0] if heap else INF
+                horizon = th if th < nxt_arrival else nxt_arrival
+            end = e.step(now, horizon)        # kick(e, now, horizon), inlined: most events are this
+            if end is None:
+                e.busy_until = None
+            else:
+                seq += 1
+                heappush(heap, (end, seq, STEP, e, None))
         elif kind == START:
             if e.role == "agg":
                 kick(e, now, next_own(e) if stateless else nxt_arrival)

@@ -293,8 +293,10 @@ class Engine:
 
         Decode passes continue in this call while nothing outside can change the schedule
         (no event before ``horizon``, no waiting request that a finish could let in)."""
-        self.finished = []
-        self.prefilled = []
+        if self.finished:          # the loop has read the last pass's lists by now; empty ones are reused
+            self.finished = []
+        if self.prefilled:
+            self.prefilled = []
         if self.joining:
             steps = self.steps
             for s in self.joining:
@@ -478,8 +480,12 @@ class Engine:
         return end
 
     def _decode_pass(self, now: float) -> float:
-        self.retracted_now = self._retract_for(len(self.running), now)
         n = len(self.running)
+        if self.used + n > self.spec.pool_tokens and n > 1:     # else _retract_for has nothing to do
+            self.retracted_now = self._retract_for(n, now)
+            n = len(self.running)
+        else:
+            self.retracted_now = False
         d = self._step_s(n, 0, n, self.kv_decode)
         end = now + d
         self.passes += 1
@@ -507,13 +513,17 @@ class Engine:
                     self._itl(end - s.itl_first_s, 1)
             self._fresh = []
         cont = n - fresh
-        if cont > 0 and prev is not None:
-            self._itl(end - prev, cont)
+        if cont > 0 and prev is not None:       # self._itl(end - prev, cont), inlined (once per pass)
+            b = int((end - prev) / ITL_BIN_S + 0.5)
+            h = self.itl_hist
+            h[b] = h.get(b, 0) + cont
         self.last_decode_end = end
         self.steps = steps = steps + 1
         self.kv_decode += n
         self.used += n
-        self._pop_finished(end)
+        heap = self._finish_heap
+        if heap and heap[0][0] <= steps:
+            self._pop_finished(end)
 
     def _itl(self, gap: float, tokens: int) -> None:
         if tokens > 0:

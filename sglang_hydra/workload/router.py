@@ -147,8 +147,9 @@ class Router:
         cap_blocks = max(1, int(cfg["max_tree_size_chars"] // (CHARS_PER_TOKEN * BLOCK_TOKENS)))
         for j, tree in enumerate(self.trees):
             if len(tree) > cap_blocks:
-                keep = sorted(tree.items(), key=lambda kv: kv[1])[len(tree) - cap_blocks:]
-                self.trees[j] = dict(keep)
+                # the newest cap_blocks blocks, oldest first (a stable sort: ties keep the tree's order)
+                keep = sorted(tree, key=tree.__getitem__)[len(tree) - cap_blocks:]
+                self.trees[j] = {h: tree[h] for h in keep}
         interval = cfg["eviction_interval_s"]
         while self._next_eviction <= now:
             self._next_eviction += interval

@@ -146,3 +146,49 @@ def test_sigterm_mid_sweep_still_summarises_the_points_that_finished(tmp_path):
     assert table[0]["status"] in ("ok", "saturated") and len(table) < 4
     assert all(t["status"] == "interrupted" for t in table[1:])
     assert "interrupted (SIGTERM)" in err and "Traceback" not in err
+
+
+CONFIG_FILE = """\
+deploy:
+  name: pd
+  decode_workers: 1
+model: llama3_1_8b
+hardware: h100_80gb
+schedule:
+  chunked_prefill_size: 4096
+  max_prefill_tokens: 8192
+prefill:
+  parallel: {tp_size: 2}
+decode:
+  parallel: {tp_size: 2}
+"""
+
+
+def test_a_config_file_s_settings_are_in_each_point_s_record(tmp_path):
+    # issue 19: with --config, a deployment sweep recorded only the command line's overrides, so
+    # overrides.yaml, replay.json's settings and best_config.yaml lost what the file set
+    (tmp_path / "dep.yaml").write_text(CONFIG_FILE)
+    r = run("-m", "--config", "dep.yaml", "job=replay", "job.max_requests=60", "schedule.max_prefill_tokens=16384",
+            "deploy.prefill_workers=1,2", "hydra.sweep.dir=sw", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    from_file = ["deploy=pd", "deploy.decode_workers=1", "model=llama3_1_8b", "hardware=h100_80gb",
+                 "schedule.chunked_prefill_size=4096", "prefill.parallel.tp_size=2", "decode.parallel.tp_size=2"]
+    for n, workers in enumerate(("1", "2")):
+        point = tmp_path / "sw" / str(n)
+        ovs = yaml.safe_load((point / ".hydra" / "overrides.yaml").read_text())
+        # the file's first (the command line wins a key both set: max_prefill_tokens is the command line's)
+        assert ovs == from_file + ["job=replay", "job.max_requests=60", "schedule.max_prefill_tokens=16384",
+                                   f"deploy.prefill_workers={workers}"]
+        settings = json.loads((point / "replay.json").read_text())["settings"]
+        assert settings["override prefill.parallel.tp_size"] == "2" and settings["override deploy"] == "pd"
+        doc = json.loads((point / "replay.json").read_text())
+        assert doc["deployment"]["prefill_servers"] == int(workers)
+    assert [t["deploy.prefill_workers"] for t in rows(tmp_path / "sw")] == ["1", "2"]
+    best = yaml.safe_load((tmp_path / "sw" / "best_config.yaml").read_text())
+    assert best["deploy"] == "pd" and best["prefill.parallel.tp_size"] == 2 and best["decode.parallel.tp_size"] == 2
+    assert best["schedule.chunked_prefill_size"] == 4096 and best["schedule.max_prefill_tokens"] == 16384
+    # one run placed with hydra.run.dir records them too
+    r = run("--config", "dep.yaml", "job=replay", "job.max_requests=60", "hydra.run.dir=one", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load((tmp_path / "one" / ".hydra" / "overrides.yaml").read_text()) == from_file[:5] + [
+        "schedule.max_prefill_tokens=8192"] + from_file[5:] + ["job=replay", "job.max_requests=60"]

@@ -80,3 +80,63 @@ def test_local_plan_with_stated_host_memory(tmp_path):
     assert "host_memory_gb" not in p["hardware"]["measured"]
     assert p["host_memory"]["note"].startswith("32 GB, hardware.host_memory_gb")
     assert p["device_bytes"] <= (256 << 20) + p["bytes_per_page"]     # a CPU stand-in pool: a few hundred MiB
+
+
+PD_PLAN = ("job=plan", "deploy=pd", "model=llama3_1_8b", "hardware=h100_80gb")
+
+
+def test_pd_plans_both_sides(tmp_path):
+    # issue 19: job=plan refused deploy=pd; it now plans each side on its own TP
+    r = run(*PD_PLAN, "deploy.prefill_workers=2", "prefill.parallel.tp_size=2", "decode.parallel.tp_size=4",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "PD deployment plan on h100_80gb: 2 prefill x TP2 + 1 decode x TP4 = 8 GPUs of 8" in out
+    assert "== prefill server (each of 2) ==" in out and "== decode server (each of 1) ==" in out
+    # each side's pool is its own: 4 KV heads per rank at TP2, 2 at TP4 (half the bytes per token)
+    assert "bytes per token 65,536" in out and "bytes per token 32,768" in out
+    assert "decode retraction backup host_pool" in out          # only the decode side has one
+    assert not list(tmp_path.iterdir())      # nothing written for a single plan
+    r = run(*PD_PLAN, "deploy.prefill_workers=2", "prefill.parallel.tp_size=2", "decode.parallel.tp_size=4",
+            "job.format=json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    pre, dec = doc["prefill"], doc["decode"]
+    assert (pre["workers"], pre["gpus"], dec["workers"], dec["gpus"]) == (2, 4, 1, 4)
+    assert doc["deployment"]["gpus"] == 8 and doc["deployment"]["total_gpus"] == 8
+    assert dec["plan"]["bytes_per_token"] * 2 == pre["plan"]["bytes_per_token"]
+    assert dec["plan"]["device_tokens"] > pre["plan"]["device_tokens"]      # fewer weights per GPU at TP4
+    assert dec["plan"]["retraction_backup"] and not pre["plan"]["retraction_backup"]
+    assert doc["deployment"]["decode_requests_held"] == dec["plan"]["device_tokens"] // 131072
+
+
+def test_pd_plan_sweep_writes_each_sides_figures(tmp_path):
+    r = run("-m", *PD_PLAN, "decode.parallel.tp_size=1,2", "hydra.sweep.dir=sw", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "sw" / "summary.csv") as fh:
+        table = list(csv.DictReader(fh))
+    assert [t["decode.parallel.tp_size"] for t in table] == ["1", "2"]
+    assert int(table[1]["decode_kv_pool_tokens"]) > 2 * int(table[0]["decode_kv_pool_tokens"])
+    assert table[0]["prefill_kv_pool_tokens"] == table[1]["prefill_kv_pool_tokens"]
+    assert (tmp_path / "sw" / "1" / "plan.json").is_file()
+
+
+@pytest.mark.parametrize("args, line", [
+    (("deploy.total_gpus=4", "prefill.parallel.tp_size=4"),
+     "  - deploy: deploy.prefill_workers 1 x prefill.parallel.tp_size 4 x prefill.parallel.pp_size 1 x "
+     "prefill.parallel.dp_size 1 + deploy.decode_workers 1 x decode.parallel.tp_size 1 x decode.parallel.pp_size 1 "
+     "x decode.parallel.dp_size 1 = 5 GPUs, over deploy.total_gpus 4; raise deploy.total_gpus or use fewer/smaller "
+     "servers [deploy]"),
+    (("decode.schedule.max_total_tokens=50000",),
+     "  - decode.schedule.max_total_tokens: decode.schedule.max_total_tokens 50,000 cannot hold one request: the "
+     "prefill side accepts prompts up to 131,071 tokens"),
+    (("decode.schedule.mem_fraction_static=0.25",),
+     "  - decode.schedule.mem_fraction_static: the decode pool sized on h100_80gb at TP 1: 30,055 tokens cannot hold "
+     "one request"),
+])
+def test_pd_plan_bad_input_is_one_line_naming_the_key(tmp_path, args, line):
+    r = run(*PD_PLAN, *args, cwd=tmp_path)
+    assert r.returncode == 2
+    problems = [ln for ln in r.stderr.splitlines() if ln.startswith("  - ")]
+    assert len(problems) == 1 and problems[0].startswith(line), r.stderr
+    assert "Traceback" not in r.stderr and not list(tmp_path.iterdir())

@@ -328,7 +328,7 @@ def test_every_problem_of_a_deployment_is_reported_in_one_run():
     assert len(out) == 2
     assert out[0].startswith("decode.serving.port (--port): port 31000") and out[1].startswith("schedule.page_size")
     out = problems("deploy=pd", "decode.schedule.page_size=16", "prefill.serving.port=31000",
-                   "decode.serving.port=31000", "decode.parallel.tp_size=x", "deploy.router_policy=bad", "job=plan")
+                   "decode.serving.port=31000", "decode.parallel.tp_size=x", "deploy.router_policy=bad", "job=estimate")
     keys = [p.split(" ")[0].rstrip(":") for p in out]
     assert keys == ["deploy.router_policy", "decode.parallel.tp_size", "job", "decode.serving.port",
                     "schedule.page_size"], out

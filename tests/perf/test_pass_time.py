@@ -307,3 +307,43 @@ def test_scaled_pass_model_times_every_pass_and_breaks_down():
         parts = slow.breakdown(*args)
         assert sum(parts.values()) == pytest.approx(slow.step_s(*args), rel=1e-9)
         assert parts["role_overhead"] == pytest.approx(0.1 * pm.step_s(*args), rel=1e-9)
+
+
+def _general_step_s(m, n, kv):
+    """step_s's general branch for a decode-only pass, as it was before decode passes were memoised."""
+    from bisect import bisect_right
+    t = m._pw_slope[bisect_right(m._pw_breaks, n)] * n + m._pw_icept[bisect_right(m._pw_breaks, n)]
+    if m._moe is not None:
+        t += m._moe_s(n)
+    c, w, a = m._lm
+    x, y = c * (n + m._lm_half), w + a * n
+    t += x if x > y else y
+    occ = m._dec_split_seqs if n < m._dec_split_below else n
+    x = kv * m._dec_kv_s * (1.0 + m._dec_half_seqs / occ) + n * m._dec_seq_s + m._dec_layer_s
+    y = kv * m._dec_flop_s
+    if y > x:
+        x = y
+    t += x if x > m._attn_floor else m._attn_floor
+    return t * m.time_scale
+
+
+@pytest.mark.parametrize("model,hwname,tp", [("llama3_1_8b", "h100_80gb", 1), ("llama3_1_8b", "l40s_48gb", 2),
+                                             ("llama3_1_8b", "a100_80gb", 8), ("deepseek_v3", "h200_141gb", 8)])
+def test_memoised_decode_passes_are_the_same_floats(model, hwname, tp):
+    """Decode-only passes read their batch-size terms from a memo (the simulation's speed-up): the
+    result must be the very float the general formula gives, first call and memoised alike, so a
+    simulation's figures do not move by a bit."""
+    import random
+    from sglang_hydra.config.compose import compose
+    rec, composed = compose([f"model={model}", f"hardware={hwname}", f"parallel.tp_size={tp}"])
+    m = PassModel.from_record(rec, composed.hardware)
+    rng = random.Random(0)
+    cases = [(n, n * ctx) for n in (1, 2, 3, 5, 8, 13, 31, 64, 127, 256, 300, 1000, 4096)
+             for ctx in (1, 100, 4097, 30000)] + [(rng.randint(1, 2048), rng.randint(1, 10 ** 7)) for _ in range(400)]
+    for rep in range(2):                     # the first call fills the memo, the second reads it
+        for n, kv in cases:
+            assert m.step_s(n, 0, n, kv) == _general_step_s(m, n, kv), (n, kv, rep)
+            assert m.step_s(n, 0, n, kv, prefill_seqs=0) == _general_step_s(m, n, kv)
+    # passes with a prefill part never take the decode memo
+    assert m.step_s(65, PassModel.attn_pairs(0, 1), 64, 6400) != m.step_s(64, 0, 64, 6400)
+    assert m.step_s(0, 0, 0, 0) == 0.0

@@ -11,7 +11,7 @@ from ..errors import ConfigError, Problem, did_you_mean, problem_for
 from ..legacy import Setting
 from ..record import ServerArgs
 from .gpus import _lay_out_gpus, gpu_budget_problems
-from .model import (PLANNING_JOBS, SIMULATING_JOBS, WORKER_KEYS, deploy_settings_problems, DEFAULT_DEPLOY, DEPLOYMENT_JOBS, ROUTER_POLICIES, SIDES, _SOURCE, Deployment, DeploySettings,
+from .model import (PLANNING_JOBS, SIDE_PLANNING_JOBS, SIMULATING_JOBS, WORKER_KEYS, deploy_settings_problems, DEFAULT_DEPLOY, DEPLOYMENT_JOBS, ROUTER_POLICIES, SIDES, _SOURCE, Deployment, DeploySettings,
                     Router, Server, _managed_router_flags, _Side)
 from .ports import _lay_out_ports
 from .request import DeployRequest
@@ -270,9 +270,10 @@ def compose_deployment(req: DeployRequest, *, env=None) -> Tuple[Any, str, Dict[
     # every check that can run on what composed goes on, so one run reports all it can
     job_name = str(first.cmd.choices.get("job"))
     from ..presets import group_options
-    if job_name not in DEPLOYMENT_JOBS + SIMULATING_JOBS and job_name in group_options("job"):
+    pd_jobs = DEPLOYMENT_JOBS + SIMULATING_JOBS + SIDE_PLANNING_JOBS
+    if job_name not in pd_jobs and job_name in group_options("job"):
         problems.append(Problem("job", None, f"job={job_name} works on one record, not a deployment; deploy=pd "
-                                f"supports job={', job='.join(DEPLOYMENT_JOBS + SIMULATING_JOBS)}", "deploy"))
+                                f"supports job={', job='.join(pd_jobs)}", "deploy"))
     records = {role: rec for role, (rec, _c, _p) in first_pass.items()}
     if all(records.values()):
         problems += _budget(settings, [("deploy.prefill_workers", settings.prefill_workers, records["prefill"]),

@@ -29,6 +29,7 @@ class DeployRequest:
     file_shared: Dict[str, Any] = field(default_factory=dict)
     file_sides: Dict[str, Any] = field(default_factory=dict)
     file_sections_read: bool = False           # the file was read here (it has deploy/prefill/decode)
+    file_option: Optional[str] = None          # the file's deploy=<option> (the command line's may win)
     problems: List[Problem] = field(default_factory=list)
 
     @property
@@ -152,10 +153,12 @@ def _load_file_sections(req: DeployRequest) -> bool:
         elif k == "deploy":
             if isinstance(v, str):
                 req.option = req.option or v      # the command line beats the file
+                req.file_option = v
             elif isinstance(v, dict):
                 for dk, dv in v.items():
                     if str(dk) == "name":
                         req.option = req.option or str(dv)
+                        req.file_option = str(dv)
                     else:
                         from_file.append((str(dk), dv, source))
             else:
