@@ -556,8 +556,20 @@ def _csv(rows: List[Dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
+def _model_entry(record) -> Any:
+    """The model as ``--config`` takes it back: the preset's name when the record is a preset's
+    model (its KV geometry then comes along, so job=replay and job=plan accept the file), else
+    the model path (a checkpoint directory carries its own config.json)."""
+    from ..config.rules.model_facts import presets_named_by
+    from ..memory.geometry import GEOMETRY_FIELDS
+    for name, data in presets_named_by(str(record.model_path or "")):
+        if all(getattr(record, f, None) == data[f] for f in GEOMETRY_FIELDS if f in data):
+            return name
+    return {"model_path": record.model_path}
+
+
 def best_deploy_yaml(best: Dict[str, Any], record, hardware, total: int, header: List[str]) -> str:
-    """The best deployment as a --config file for job=launch (and job=resolve)."""
+    """The best deployment as a --config file for job=launch, job=resolve, job=replay and job=plan."""
     import yaml
     memory: Dict[str, Any] = {"radix_eviction_policy": best["policy"]}
     if best["hicache_ratio"]:
@@ -567,7 +579,7 @@ def best_deploy_yaml(best: Dict[str, Any], record, hardware, total: int, header:
         data["deploy"] = {"name": "single", "workers": best["workers"], "total_gpus": total}
         if best["workers"] > 1:
             data["deploy"]["router_policy"] = best["router_policy"]
-        data["model"] = {"model_path": record.model_path}
+        data["model"] = _model_entry(record)
         data["parallel"] = {"tp_size": best["tp"]}
         data["memory"] = memory
         if best.get("chunked_prefill_size"):
@@ -577,7 +589,7 @@ def best_deploy_yaml(best: Dict[str, Any], record, hardware, total: int, header:
                           "total_gpus": total}
         if best["workers"] > 1 or best["decode_workers"] > 1:
             data["deploy"]["router_policy"] = best["router_policy"]
-        data["model"] = {"model_path": record.model_path}
+        data["model"] = _model_entry(record)
         data["prefill"] = {"parallel": {"tp_size": best["tp"]}, "memory": dict(memory)}
         data["decode"] = {"parallel": {"tp_size": best["decode_tp"]}}
     if record.enable_mixed_chunk:

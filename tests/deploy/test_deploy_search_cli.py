@@ -40,6 +40,11 @@ def test_search_writes_its_outputs_and_a_launchable_best(tmp_path):
     servers = [line for line in launched.stdout.splitlines() if "sglang.launch_server" in line]
     assert len(servers) == data["best"]["workers"] + data["best"]["decode_workers"]
     assert all("--model-path meta-llama/Meta-Llama-3.1-8B" in line for line in servers)
+    # the file names the model preset, so the jobs that need its KV geometry take it back too
+    assert best["model"] == "llama3_1_8b"
+    replayed = run("--config", str(out / "best_deploy.yaml"), "job=replay", "job.max_requests=20", "job.format=json",
+                   cwd=tmp_path)
+    assert replayed.returncode == 0, replayed.stderr
     # the same directory again is refused, before anything is computed
     again = search(tmp_path)
     assert again.returncode == 2 and "job.output_dir: 'search' already holds a deploy search" in again.stderr
@@ -109,6 +114,9 @@ def test_a_disaggregated_best_launches_as_xpyd(tmp_path):
     assert best["mode"] == "disagg"
     data = yaml.safe_load((tmp_path / "search" / "best_deploy.yaml").read_text())
     assert data["deploy"]["name"] == "pd" and data["prefill"]["memory"]["hicache_ratio"] == 2.0
+    assert data["model"] == "llama3_1_8b"
+    planned = run("--config", "search/best_deploy.yaml", "job=plan", cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr
     launched = run("--config", "search/best_deploy.yaml", "job=launch", "job.dry_run=true", cwd=tmp_path)
     assert launched.returncode == 0, launched.stderr
     router = launched.stdout.splitlines()[-1]
