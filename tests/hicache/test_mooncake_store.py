@@ -242,13 +242,15 @@ def test_master_loss_turns_l3_into_fast_misses():
         assert st.set("aa" * 32, v)
         m.proc.kill()
         m.proc.wait()
-        t0 = time.perf_counter()
         with pytest.warns(RuntimeWarning, match="RPC_FAIL"):
             assert st.batch_exists(["aa" * 32]) == 0
+        # once the loss is known, the next calls are fast misses: four calls that each paid the
+        # ~4 s reconnect would take 16 s; the bound leaves room for a loaded 2-core machine
+        t0 = time.perf_counter()
         assert not st.set("bb" * 32, v) and st.get("aa" * 32) is None
         time.sleep(0.35)                         # past retry_interval: a TCP probe, not a 4 s RPC
         assert st.get("aa" * 32) is None and st.batch_exists(["aa" * 32]) == 0
-        assert time.perf_counter() - t0 < 2.0
+        assert time.perf_counter() - t0 < 3.0
         assert st.stats["rpc_fail"] >= 1
         m2 = MooncakeMaster(port=m.port).start()
         time.sleep(0.35)
