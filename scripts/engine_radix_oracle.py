@@ -10,7 +10,8 @@ Input on stdin, one JSON object::
     {"requests": [[page id, ...], ...], "priorities": [int, ...] | null,
      "load_plugins": false,
      "runs": [{"policy": "lru", "policy_config": {...} | null, "page_tokens": 2,
-               "capacity_pages": 1000, "clock": "logical" | "monotonic"}, ...]}
+               "capacity_pages": 1000, "clock": "logical" | "monotonic",
+               "cache": "radix" | "server"}, ...]}
 
 Page ids are non-negative ints; page ``p`` becomes ``page_tokens`` token ids
 ``p * page_tokens + t``, and the engine runs with ``page_size = page_tokens``.  The
@@ -18,7 +19,10 @@ engine stamps nodes with ``time.monotonic()``; ``clock=logical`` replaces the ra
 module's clock with a counter (one tick per call) so that the order of stamps is the
 order of the calls, whatever the machine's timer resolution.  ``load_plugins`` runs the
 engine's plugin loader first (entry points in ``sglang.srt.plugins``), which is how a
-server finds an eviction policy shipped by a plugin.
+server finds an eviction policy shipped by a plugin.  ``cache=radix`` (the default) builds
+SGLang's ``RadixCache`` directly; ``cache=server`` builds whatever a server would for these
+arguments (``create_tree_cache`` after the server's arguments are parsed and published):
+``UnifiedRadixCache`` for tlru, the plugin's hooked ``RadixCache`` for ghost_lru.
 
 Output on stdout: ``{"runs": [{"hits": [pages per request], "evicted_tokens": n,
 "policy_class": "<strategy class>"} | {"error": "..."}, ...]}`` (exit status 1 when a
@@ -41,7 +45,8 @@ class _CountingAllocator:
 
     device = "cpu"
 
-    def __init__(self):
+    def __init__(self, size=0):
+        self.size = size          # tokens, as a real allocator's (the plugin sizes its ghost table by it)
         self.freed = 0
 
     def free_segment(self, value, start_pos=0):
@@ -71,32 +76,84 @@ def _radix_cache(spec, allocator):
     return radix_cache.RadixCache(params)
 
 
+_TINY_MODEL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2,
+               "num_key_value_heads": 2, "num_attention_heads": 4, "head_dim": 64, "hidden_size": 256,
+               "intermediate_size": 1024, "vocab_size": 32000, "max_position_embeddings": 4096,
+               "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5}
+
+
+def _server_cache(spec, allocator):
+    """The cache a server builds for ``--radix-eviction-policy <policy>`` (and its config):
+    the server's arguments parsed and published as ``launch_server`` does, then the engine's
+    own ``create_tree_cache`` (its default chain, the registered backends and what plugins
+    hooked into them).  The model is a tiny stand-in ``config.json``: the cache never
+    reads it."""
+    import os
+    import tempfile
+
+    from sglang.srt.mem_cache import registry
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.runtime_context import get_context
+    from sglang.srt.server_args import prepare_server_args
+
+    with tempfile.TemporaryDirectory(prefix="engine-radix-oracle-") as model:
+        with open(os.path.join(model, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(_TINY_MODEL, f)
+        argv = ["--model-path", model, "--device", "cpu", "--skip-tokenizer-init",
+                "--page-size", str(int(spec["page_tokens"])), "--radix-eviction-policy", spec["policy"]]
+        if spec.get("policy_config"):
+            argv += ["--radix-eviction-policy-config", json.dumps(spec["policy_config"])]
+        args = prepare_server_args(argv)
+        args.resolve_once()
+    get_context().set_server_args(args)
+    params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=allocator,
+                             page_size=int(spec["page_tokens"]), eviction_policy=spec["policy"],
+                             eviction_policy_config=spec.get("policy_config") or None)
+    ctx = registry.TreeCacheBuildContext(server_args=args, params=params, is_hybrid_swa=False,
+                                         is_hybrid_ssm=False, enable_hierarchical_cache=False,
+                                         disable_radix_cache=False, tp_worker=None, model_config=None,
+                                         tp_size=1, tp_rank=0, tp_group=None)
+    return registry.create_tree_cache(ctx)
+
+
 def _run(run, requests, priorities):
     from array import array
 
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
-    allocator = _CountingAllocator()
-    cache = _radix_cache(run, allocator)
     per = int(run["page_tokens"])
     cap = int(run["capacity_pages"]) * per
+    allocator = _CountingAllocator(cap)
+    if run.get("cache", "radix") == "server":
+        if run.get("clock", "logical") == "logical":
+            from sglang.srt.mem_cache import radix_cache
+            from sglang.srt.mem_cache.unified_cache import unified_tree_core
+
+            _logical_clock(radix_cache)
+            _logical_clock(unified_tree_core)
+        cache = _server_cache(run, allocator)
+    else:
+        cache = _radix_cache(run, allocator)
     hits = []
     for i, pages in enumerate(requests):
         tokens = array("q", [p * per + t for p in pages for t in range(per)])
         match = cache.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=tokens, extra_key=None)))
         hit = match.device_prefix_len
         node = match.last_device_node
-        cache.inc_lock_ref(node)
+        lock = cache.lock(node)
         need = cache.evictable_size() + cache.protected_size() + len(tokens) - hit - cap
         if need > 0:
             cache.evict(EvictParams(num_tokens=need))
         prio = priorities[i] if priorities else 0
         cache.insert(InsertParams(key=RadixKey(token_ids=tokens, extra_key=None), priority=prio))
-        cache.dec_lock_ref(node)
+        cache.unlock(lock)
         hits.append(hit // per)
-    return {"hits": hits, "evicted_tokens": allocator.freed,
-            "policy_class": type(cache.eviction_strategy).__name__}
+    strategy = getattr(cache, "eviction_strategy", None)
+    core = getattr(cache, "tree_core", None)
+    return {"hits": hits, "evicted_tokens": allocator.freed, "cache_class": type(cache).__name__,
+            "tree_core": type(core).__name__ if core is not None else None,
+            "policy_class": type(strategy).__name__ if strategy is not None else None}
 
 
 def main() -> int:

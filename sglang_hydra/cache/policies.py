@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Type
 
+from .sglang_plugin import HOOKED_POLICIES, ghost_history
+
 __all__ = [
     "Param",
     "EvictionPolicy",
@@ -237,6 +239,22 @@ class TLRUPolicy(EvictionPolicy):
     def bind(self, tree):
         super().bind(tree)
         self._slack = self.next_prompt_estimate - self.threshold
+        if getattr(tree, "semantics", "rules") == "sglang":
+            self.key = self._engine_key
+
+    def _engine_key(self, node):
+        """SGLang's T-LRU (``UnifiedRadixCache``): a node is safe when the pages cached
+        before its whole engine node (segment), not before its last page, cover the budget."""
+        seg = node.seg
+        top = node
+        parent = node.parent
+        while parent is not None and parent.seg == seg and parent.parent is not None:
+            top = parent
+            parent = top.parent
+        ps = self.page_size
+        budget = node.high_water * ps + self._slack
+        safe = (top.depth - top.weight + 1) * ps >= (budget if budget > 0 else 0)
+        return (0 if safe else 1 << SHIFT) + node.last_access
 
     def on_touch(self, page_keys, k, clock, last_node):
         n = last_node.depth + 1
@@ -322,11 +340,19 @@ class GhostLRUPolicy(EvictionPolicy):
       times as long as an unproven one, whatever the capacity or request rate.
 
     The clock is the tree's logical clock (the request index in a replay).
+
+    Under ``cache_semantics=sglang`` the policy works as SGLang runs it through our engine
+    plugin (:class:`~sglang_hydra.cache.sglang_plugin.GhostHistory`, shared with the
+    plugin): one hit count per engine node (segment), a ghost entry per page, a new node
+    resumes the largest count its pages left behind, the lifetime sample is taken per
+    evicted node against the clock read when ``evict()`` starts, and every leaf's key is
+    evaluated afresh when ``evict()`` starts (``engine_node_hooks``; ``radix.py``).
     """
 
     name = "ghost_lru"
     wants_insert_hook = True
     wants_evict_hook = True
+    engine_node_hooks = False
     PARAMS = {
         "alpha": Param(float, 2.5, "> 0", _positive,
                        "credit of a reused page, in multiples of the one-hit page lifetime"),
@@ -345,6 +371,37 @@ class GhostLRUPolicy(EvictionPolicy):
         self._ghost_cap = int(self.ghost_factor * cap)
         self._life = 0.0
         self._credit = 0.0
+        if getattr(tree, "semantics", "rules") == "sglang" and self.name in HOOKED_POLICIES:
+            self._engine_bind(cap)
+
+    # ---- cache_semantics=sglang: the engine plugin's hooks, per engine node
+    def _engine_bind(self, capacity):
+        self.engine_node_hooks = True
+        self.wants_insert_hook = self.wants_evict_hook = False
+        self.history = ghost_history(self.name, self.params())
+        self.history.bind(capacity)
+        self._now = 0
+        self.key = self._engine_key
+
+    def evict_started(self, now):
+        self._now = now
+
+    @staticmethod
+    def _pages(units):
+        return [(n.key, p) for n in units for p in range(n.lo, n.lo + n.weight)]
+
+    def on_insert_engine_node(self, units):
+        """``units`` (top-down) form one new engine node; they share its hit count."""
+        resumed = self.history.admit(self._pages(units))
+        if resumed:
+            for n in units:
+                n.hit_count += resumed
+
+    def on_evict_engine_node(self, units, bottom):
+        self.history.forget(self._pages(units), bottom.hit_count, self._now - bottom.last_access)
+
+    def _engine_key(self, node):
+        return self.history.priority(node.hit_count, node.last_access)
 
     def on_insert(self, node):
         count = self._ghost.pop(node.key, None)
@@ -369,7 +426,7 @@ class GhostLRUPolicy(EvictionPolicy):
 
     @property
     def ghost_size(self) -> int:
-        return len(self._ghost)
+        return len(self.history.ghost) if self.engine_node_hooks else len(self._ghost)
 
 
 def _at_least_one(v):

@@ -43,7 +43,7 @@ Two *cache semantics* (``semantics=``, the replay's ``job.cache_semantics``):
 from __future__ import annotations
 
 import hashlib
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from typing import Hashable, Iterator, List, Optional, Sequence, Tuple
 
 __all__ = [
@@ -433,6 +433,8 @@ class RadixTree:
         Under sglang semantics a victim is a whole engine node (segment)."""
         if num_pages <= 0:
             return 0
+        if self._engine and getattr(self.policy, "engine_node_hooks", False):
+            self._evict_started()
         evicted = self._evict_leaves(num_pages)
         self.size -= evicted
         self.evictions += evicted
@@ -466,6 +468,18 @@ class RadixTree:
             heappush(heap, entry)
         return freed
 
+    def _evict_started(self) -> None:
+        """A policy with engine-node hooks, as the engine plugin's cache runs it: the clock
+        is read once when ``evict()`` starts, and every candidate leaf's key is evaluated
+        then (the engine builds its heap from all evictable leaves at each call)."""
+        self.policy.evict_started(self._stamp())
+        key = self.policy.key
+        shielded = self._shielded
+        heap = [(key(e[2]), e[1], e[2]) for e in self._heap
+                if e[2].heap_seq == e[1] and not shielded(e[2])]
+        heapify(heap)
+        self._heap = heap
+
     def _shielded(self, node) -> bool:
         """Not a candidate any more: it has a cached child, or it was evicted."""
         return bool(node.children) or node.parent is None
@@ -483,8 +497,13 @@ class RadixTree:
         if self._engine:
             seg = node.seg
             root = self.root
+            units = [node]
             while top.parent is not root and top.parent.seg == seg:
                 top = top.parent
+                units.append(top)
+            if getattr(self.policy, "engine_node_hooks", False):
+                units.reverse()
+                self.policy.on_evict_engine_node(units, node)
         parent = top.parent
         del parent.children[top.key]
         pages = 0
@@ -571,8 +590,6 @@ class RadixTree:
                     if nxt is None:
                         break
                     below = nxt
-                if not below.children:
-                    self._push(below)
                 fresh = self._stamp()
                 created = self._stamp()
                 self._segs += 1
@@ -583,6 +600,9 @@ class RadixTree:
                     node.last_access = fresh
                     node.insert_time = created
                     node = node.parent
+                if not below.children:
+                    # after the split: a key may look at the (now shorter) engine node
+                    self._push(below)
         # ---- pin the match, evict until the new pages fit
         last.lock_ref += 1
         total = len(keys) if weights is None else sum(weights)
@@ -608,10 +628,15 @@ class RadixTree:
             self._segs += 1
             seg = self._segs
             node = end
+            units = []
             while node is not last:
                 node.seg = seg
                 node.insert_time = created
+                units.append(node)
                 node = node.parent
+            if getattr(policy, "engine_node_hooks", False):
+                units.reverse()
+                policy.on_insert_engine_node(units)
         if policy.wants_touch:
             self._touch(keys, k, self._clock, end)
         if end is not root and not end.children:

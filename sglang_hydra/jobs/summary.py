@@ -427,12 +427,32 @@ def write_best_config(sweep_dir: Path, rows) -> Tuple[Optional[Dict[str, Any]], 
     if note:
         head.append(f"# Note: {note}.")
     head.append("# Use it with: sglang-hydra --config best_config.yaml [job=... overrides]")
+    head += _policy_lines(settings.get("memory.radix_eviction_policy"))
     if job_lines:
         head.append("# The sweep also set these job settings:")
         head += job_lines
     text = "\n".join(head) + "\n" + (yaml.safe_dump(ordered, sort_keys=False) if ordered else "{}\n")
     atomic_write(sweep_dir / "best_config.yaml", text)
     return best, note
+
+
+def _policy_lines(policy) -> List[str]:
+    """What a server needs for the best point's eviction policy (issue 20): nothing for SGLang's
+    own, sglang-hydra's engine plugin for ours, and a warning for a replay-only one."""
+    if not isinstance(policy, str) or not policy:
+        return []
+    from ..cache.policies import SGLANG_BUILTIN_POLICIES, policy_needs_plugin, policy_runs_in_sglang
+    from ..cache.sglang_plugin import PLUGIN_NAME
+    if policy in SGLANG_BUILTIN_POLICIES:
+        return []
+    if policy_needs_plugin(policy):
+        return [f"# Needs the plugin: memory.radix_eviction_policy={policy} runs in SGLang 0.5.23 only with "
+                f"sglang-hydra's engine plugin ({PLUGIN_NAME}) installed beside it on every server: "
+                "python -m pip install --no-deps sglang-hydra"]
+    if not policy_runs_in_sglang(policy):
+        return [f"# Replay-only: memory.radix_eviction_policy={policy} is not a policy SGLang can run, "
+                "even with sglang-hydra's engine plugin; job=launch refuses it"]
+    return []
 
 
 def _settings_text(row, keys=None) -> str:

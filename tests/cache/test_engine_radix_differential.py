@@ -1,17 +1,22 @@
-"""Engine differential: the replay's ``cache_semantics=sglang`` against SGLang's own RadixCache.
+"""Engine differential: the replay's ``cache_semantics=sglang`` against SGLang's own radix caches.
 
 The same requests go through ``workload.replay.replay`` (the code every metadata replay
-runs: ``TieredCache`` with one tier) and through SGLang 0.5.23's ``RadixCache`` driven by
+runs: ``TieredCache`` with one tier) and through SGLang 0.5.23 driven by
 ``scripts/engine_radix_oracle.py`` in the reference venv (match, pin, evict until the new
 pages fit, insert, unpin; the engine's clock replaced by a counter).  Every request must
-hit the same number of pages, for every policy, capacity and page size.  ``span_lru`` runs
-in the engine through our plugin, found by the engine's plugin loader in the installed
+hit the same number of pages, for every policy, capacity and page size.
+
+* lru, lfu, slru, priority and our ``span_lru``: SGLang's ``RadixCache``, built directly.
+* tlru and our ``ghost_lru`` / ``ghost_lfu``: the cache a *server* builds for
+  ``--radix-eviction-policy <name>`` (its arguments parsed and published, then the
+  engine's ``create_tree_cache``): ``UnifiedRadixCache`` with the Rust tree core for tlru
+  (importing it needs ``openai`` and ``partial_json_parser`` in the reference venv, which
+  ``.ci/run`` installs), and for the ghost policies the hooked ``RadixCache`` our plugin
+  registers as a radix-cache backend and selects by the policy name alone.
+
+Our policies come from the plugin, found by the engine's plugin loader in the installed
 wheel's entry-point metadata (the wheel is installed with ``--no-deps --target`` into an
 overlay directory on the reference interpreter's ``PYTHONPATH``).
-
-T-LRU is not compared: SGLang's plain ``RadixCache`` cannot run it (its nodes lack the
-T-LRU fields; the engine only accepts tlru with ``UnifiedRadixCache``), and importing
-``UnifiedRadixCache`` needs the ``openai`` package, which the reference env lacks.
 
     SGLANG_HYDRA_REFERENCE_PYTHON=/path/to/ref-venv/bin/python python -m pytest tests/cache/test_engine_radix_differential.py
 """
@@ -40,9 +45,14 @@ REFERENCE_PYTHON = os.environ.get("SGLANG_HYDRA_REFERENCE_PYTHON")
 pytestmark = [pytest.mark.reference, pytest.mark.skipif(
     not REFERENCE_PYTHON, reason="set SGLANG_HYDRA_REFERENCE_PYTHON to a venv with sglang 0.5.23 (docs/differential.md)")]
 
-#: policy -> config; span_lru is ours, through the plugin
+#: policy -> config (tokens of the replay's pages); span_lru and the ghost policies are ours
 POLICIES = {"lru": None, "lfu": None, "slru": {"protected_threshold": 2}, "priority": None,
-            "span_lru": {"alpha": 1.0}}
+            "span_lru": {"alpha": 1.0}, "tlru": {"threshold": 8192, "next_prompt_estimate": 2048},
+            "ghost_lru": None, "ghost_lfu": None}
+#: policies whose engine run builds the cache as a server does, and the classes it must pick
+SERVER_BUILT = {"tlru": ("UnifiedRadixCache", None),
+                "ghost_lru": ("HydraHookedRadixCache", "GhostLRUStrategy"),
+                "ghost_lfu": ("HydraHookedRadixCache", "GhostLFUStrategy")}
 BLOCK_CAPACITIES = (1000, 4000, 16000)          # in 512-token blocks, as replay_rules.md
 SYNTH_BLOCK_CAPACITIES = (60, 250, 1000)
 PAGE_SIZES = (512, 128)
@@ -66,9 +76,17 @@ def plugin_overlay(tmp_path_factory):
     return target
 
 
+def _engine_config(policy, cfg, page_size):
+    """T-LRU's token counts as the engine sees them: a replay page of ``page_size`` tokens is
+    ``PAGE_TOKENS[page_size]`` engine tokens (the counts are multiples of every page size)."""
+    if policy != "tlru" or not cfg:
+        return cfg
+    return {k: v * PAGE_TOKENS[page_size] // page_size for k, v in cfg.items()}
+
+
 def _engine(requests, priorities, runs, overlay):
     env = dict(os.environ, PYTHONPATH=str(overlay), SGLANG_PLUGINS="hydra_eviction_policies")
-    proc = subprocess.run([REFERENCE_PYTHON, str(ORACLE)], capture_output=True, text=True, timeout=900,
+    proc = subprocess.run([REFERENCE_PYTHON, str(ORACLE)], capture_output=True, text=True, timeout=1200,
                           input=json.dumps({"requests": requests, "priorities": priorities,
                                             "load_plugins": True, "runs": runs}), env=env)
     assert proc.stdout.strip(), proc.stderr[-3000:]
@@ -111,7 +129,7 @@ def test_sglang_semantics_hit_the_engine_exactly(plugin_overlay):
         prios = [int(getattr(r, "priority", 0) or 0) for r in reqs]
         per_block = 512 // ps
         runs = [{"policy": p, "policy_config": cfg, "page_tokens": PAGE_TOKENS[ps],
-                 "capacity_pages": c * per_block}
+                 "capacity_pages": c * per_block, "cache": "server" if p in SERVER_BUILT else "radix"}
                 for p, cfg in POLICIES.items() for c in caps]
         # the full trace: one engine process per policy, so that CI's cores share the work
         step = len(caps) if len(reqs) > 5000 else len(runs)
@@ -120,7 +138,9 @@ def test_sglang_semantics_hit_the_engine_exactly(plugin_overlay):
     table = []
     problems = []
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        engine = [pool.submit(_engine, j[3], j[4], j[5], plugin_overlay) for j in jobs]
+        engine = [pool.submit(_engine, j[3], j[4],
+                              [dict(r, policy_config=_engine_config(r["policy"], r["policy_config"], j[2]))
+                               for r in j[5]], plugin_overlay) for j in jobs]
         # our replays run here while the engine processes work
         ours_all = [[_ours(reqs, run["policy"], run["policy_config"], ps, run["capacity_pages"])
                      for run in runs] for name, reqs, ps, pages, prios, runs in jobs]
@@ -132,6 +152,10 @@ def test_sglang_semantics_hit_the_engine_exactly(plugin_overlay):
                     continue
                 if run["policy"] == "span_lru":
                     assert out["policy_class"] == "SpanLRUStrategy", out["policy_class"]
+                if run["policy"] in SERVER_BUILT:
+                    cache_class, strategy = SERVER_BUILT[run["policy"]]
+                    assert out["cache_class"] == cache_class, (label, out["cache_class"])
+                    assert strategy is None or out["policy_class"] == strategy, (label, out["policy_class"])
                 theirs = out["hits"]
                 table.append(f"{label}: ours {sum(ours)} sglang {sum(theirs)} requests {len(reqs)}")
                 if ours != theirs:
@@ -142,27 +166,29 @@ def test_sglang_semantics_hit_the_engine_exactly(plugin_overlay):
     assert not problems, "\n".join(problems)
 
 
-def test_plugin_policy_is_rejected_without_the_plugin():
-    """Without the plugin the engine does not know span_lru (the plugin really is needed)."""
+@pytest.mark.parametrize("policy", ["span_lru", "ghost_lru"])
+def test_plugin_policy_is_rejected_without_the_plugin(policy):
+    """Without the plugin the engine does not know our policies (the plugin really is needed)."""
     proc = subprocess.run([REFERENCE_PYTHON, str(ORACLE)], capture_output=True, text=True, timeout=300,
                           input=json.dumps({"requests": [[1, 2]], "runs": [
-                              {"policy": "span_lru", "page_tokens": 1, "capacity_pages": 10}]}),
+                              {"policy": policy, "page_tokens": 1, "capacity_pages": 10}]}),
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     out = json.loads(proc.stdout)["runs"][0]
-    assert "Unknown eviction policy: span_lru" in out["error"]
+    assert f"Unknown eviction policy: {policy}" in out["error"]
 
 
-def test_check_engine_accepts_the_plugin_policy_once_installed(plugin_overlay, tmp_path):
+@pytest.mark.parametrize("policy", ["span_lru", "ghost_lru"])
+def test_check_engine_accepts_the_plugin_policy_once_installed(plugin_overlay, tmp_path, policy):
     """job=resolve job.check=engine with an interpreter that has SGLang and our wheel: the
     plugin check passes and SGLang itself (plugins loaded, as launch_server does) accepts
-    --radix-eviction-policy span_lru."""
+    --radix-eviction-policy <ours>."""
     python = tmp_path / "python-with-plugin"
     python.write_text(f"#!/bin/sh\nPYTHONPATH={plugin_overlay} exec {REFERENCE_PYTHON} \"$@\"\n")
     python.chmod(0o755)
     r = subprocess.run([sys.executable, "-m", "sglang_hydra", "job=resolve", "job.check=engine", "job.format=argv",
-                        "memory.radix_eviction_policy=span_lru", f"job.python={python}"],
+                        f"memory.radix_eviction_policy={policy}", f"job.python={python}"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600,
                        env={k: v for k, v in os.environ.items() if k != "SGLANG_PLUGINS"})
     assert r.returncode == 0, r.stderr
-    assert "--radix-eviction-policy span_lru" in r.stdout
+    assert f"--radix-eviction-policy {policy}" in r.stdout
     assert "SGLang 0.5.23 accepts this configuration" in r.stderr

@@ -195,3 +195,23 @@ def test_a_saturated_trial_is_a_failed_trial_under_optuna(tmp_path, monkeypatch)
     (tmp_path / "metrics.json").write_text(json.dumps(v2("ok", hit=0.5)))
     ok = JobReturn(status=JobStatus.COMPLETED, _return_value=0.5)
     assert not summary.mark_failed_trial(ok, tmp_path) and ok.return_value == 0.5
+
+
+@pytest.mark.parametrize("policy, line", [
+    ("ghost_lru", "# Needs the plugin: memory.radix_eviction_policy=ghost_lru runs in SGLang 0.5.23 only with "
+                  "sglang-hydra's engine plugin (hydra_eviction_policies)"),
+    ("auto_ghost_lfu", "# Replay-only: memory.radix_eviction_policy=auto_ghost_lfu is not a policy SGLang can run"),
+    ("lru", None),
+])
+def test_best_config_says_what_its_eviction_policy_needs(tmp_path, policy, line):
+    """Issue 20: a best point whose policy needs sglang-hydra's engine plugin says so."""
+    sweep = tmp_path / "s"
+    job(sweep, "0", ["memory.radix_eviction_policy=lru"], v2(hit=0.2), objective="token_hit_rate")
+    job(sweep, "1", [f"memory.radix_eviction_policy={policy}"], v2(hit=0.4), objective="token_hit_rate")
+    write_summary(sweep, report=False)
+    text = (sweep / "best_config.yaml").read_text()
+    assert yaml.safe_load(text) == {"memory.radix_eviction_policy": policy}
+    if line is None:
+        assert "plugin" not in text and "Replay-only" not in text
+    else:
+        assert line in text
