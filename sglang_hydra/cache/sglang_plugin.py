@@ -39,6 +39,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from .hit_density_core import HIT_DENSITY_DEFAULTS, hit_density_core
+
 #: Entry-point name (``SGLANG_PLUGINS`` filters on it).
 PLUGIN_NAME = "hydra_eviction_policies"
 
@@ -47,10 +49,11 @@ PLUGIN_POLICIES = {
     "span_lru": {"alpha": 1.0},
     "ghost_lru": {"alpha": 2.5, "ghost_factor": 8.0, "ewma": 0.01},
     "ghost_lfu": {"alpha": 2.0, "beta": 0.5, "cap": 8.0, "ghost_factor": 8.0, "ewma": 0.01},
+    "hit_density": dict(HIT_DENSITY_DEFAULTS),
 }
 
 #: Policies that need insert/evict hooks, hence the radix-cache backend below.
-HOOKED_POLICIES = ("ghost_lru", "ghost_lfu")
+HOOKED_POLICIES = ("ghost_lru", "ghost_lfu", "hit_density")
 
 #: ``--radix-cache-backend`` name of the hooked ``RadixCache``.
 BACKEND_NAME = "hydra_hooks"
@@ -200,7 +203,43 @@ def strategy_classes():
 
         policy = "ghost_lfu"
 
-    return {"span_lru": SpanLRUStrategy, "ghost_lru": GhostLRUStrategy, "ghost_lfu": GhostLFUStrategy}
+    class HitDensityStrategy(EvictionStrategy):
+        """``hit_density``: a retention age per class of page, learned online
+        (:class:`~sglang_hydra.cache.hit_density_core.HitDensityCore`, which the replay runs
+        too).  Needs the hooked radix cache: it reads every request's pages after the insert
+        (``on_request``).  The clock is the radix cache's own (``time.monotonic()``, whole
+        seconds in a server), so ages and return gaps are in its units."""
+
+        engine_node_hooks = True
+        wants_requests = True
+
+        def __init__(self, **params):
+            self.core = hit_density_core(params)
+
+        def bind(self, capacity_pages):
+            self.core.bind(capacity_pages)
+
+        def evict_started(self, now):
+            pass
+
+        def on_insert(self, node, pages):
+            pass
+
+        def on_evict(self, node, pages):
+            pass
+
+        def on_request(self, pages, now):
+            """An insert ended a request's pages (prefix order) at time ``now``."""
+            self.core.touch(pages, int(now), len(pages))
+
+        def get_priority(self, node):
+            pages = getattr(node, "_hydra_pages", None) or (None,)
+            above = pages[-2] if len(pages) > 1 else None
+            t = node.last_access_time
+            return (t + self.core.page_age(pages[-1], above), t)
+
+    return {"span_lru": SpanLRUStrategy, "ghost_lru": GhostLRUStrategy, "ghost_lfu": GhostLFUStrategy,
+            "hit_density": HitDensityStrategy}
 
 
 def hooked_radix_cache_class():
@@ -252,6 +291,23 @@ def hooked_radix_cache_class():
                 k = split_len // self.page_size
                 new_node._hydra_pages, child._hydra_pages = pages[:k], pages[k:]
             return new_node
+
+        def insert(self, params):
+            result = super().insert(params)
+            hooks = getattr(self, "_hydra_hooks", None)
+            if hooks is not None and getattr(hooks, "wants_requests", False):
+                last = result.last_device_node
+                if last is not None and last is not self.root_node:
+                    # the request's pages, root first; its clock: the insert's last stamp
+                    # (the path's access time, or a new node's creation just after it)
+                    runs = []
+                    node = last
+                    while node is not self.root_node and node is not None:
+                        runs.append(getattr(node, "_hydra_pages", ()))
+                        node = node.parent
+                    pages = [p for run in reversed(runs) for p in run]
+                    hooks.on_request(pages, max(last.last_access_time, last.creation_time))
+            return result
 
         def evict(self, params):
             hooks = getattr(self, "_hydra_hooks", None)
