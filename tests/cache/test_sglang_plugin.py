@@ -29,17 +29,30 @@ def test_entry_point_declared_in_the_plugin_group():
 
 
 def test_plugin_module_imports_only_the_standard_library_and_sglang():
-    tree = ast.parse(PLUGIN.read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names = [node.module or ""]
-        else:
-            continue
-        for name in names:
-            top = name.split(".")[0]
-            assert top == "sglang" or top in sys.stdlib_module_names or name == "__future__", name
+    """The plugin and the sibling modules it imports relatively (the ``hit_density`` core),
+    recursively: nothing but the standard library and SGLang."""
+    todo, seen = [PLUGIN], set()
+    while todo:
+        path = todo.pop()
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    assert node.level == 1 and node.module, (path.name, node.module)
+                    sibling = PLUGIN.parent / (node.module.replace(".", "/") + ".py")
+                    assert sibling.is_file(), (path.name, node.module)
+                    if sibling not in seen:
+                        todo.append(sibling)
+                    continue
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top == "sglang" or top in sys.stdlib_module_names or name == "__future__", (path.name, name)
+    assert PLUGIN.parent / "hit_density_core.py" in seen
 
 
 def test_importing_the_plugin_pulls_in_no_hydra_omegaconf_or_torch():
@@ -58,10 +71,11 @@ def test_which_policies_need_the_plugin():
     assert not policy_needs_plugin("lru") and policy_runs_in_sglang("lru")
     assert not policy_runs_in_sglang("belady")
     # the ghost policies need insert/evict hooks: the plugin's hooked radix cache provides them
-    assert set(sglang_plugin.HOOKED_POLICIES) == {"ghost_lru", "ghost_lfu"}
+    assert set(sglang_plugin.HOOKED_POLICIES) == {"ghost_lru", "ghost_lfu", "hit_density"}
     # auto_ghost_lfu's miniature caches are not in the plugin: replay-only
     assert "auto_ghost_lfu" in available_policies() and not policy_runs_in_sglang("auto_ghost_lfu")
-    assert "hit_density" in available_policies() and not policy_runs_in_sglang("hit_density")
+    # hit_density's state machine is in the std-lib-only core the plugin runs
+    assert policy_needs_plugin("hit_density") and policy_runs_in_sglang("hit_density")
     # every plugin policy is one of ours with the same parameters
     for name, params in sglang_plugin.PLUGIN_POLICIES.items():
         assert name in available_policies()
@@ -196,3 +210,63 @@ def test_rules_semantics_keep_the_documented_ghost_lru():
     tree.serve([1, 2])
     tree.serve([3, 4, 5])
     assert dict(tree.policy._ghost) == {2: 1}                        # one page (the leaf) freed, as the rules say
+
+
+# ------------------------------------------------- hit_density: one core for the replay and the plugin
+def _hd_requests(n=1500):
+    """Conversations that return late: page j of conversation c, turns growing by two pages."""
+    reqs = []
+    for i in range(n):
+        c = (i * 7) % 97
+        turn = i // 97
+        reqs.append([f"c{c}"] + [f"c{c}t{t}" for t in range(2 * turn + 2)])
+    return reqs
+
+
+def test_hit_density_core_by_arrival_does_not_depend_on_key_values():
+    """The engine's page ids (hashes of tokens) and the replay's keys differ in value, not
+    in order: with identity="arrival" the same touches give the same ages, shares and entries."""
+    from sglang_hydra.cache.hit_density_core import hit_density_core
+
+    a, b = hit_density_core({"epoch": 50}), hit_density_core({"epoch": 50})
+    a.bind(60)
+    b.bind(60)
+    rename = {}
+    for now, req in enumerate(_hd_requests(), start=1):
+        a.touch(req, now, len(req))
+        b.touch([rename.setdefault(k, hash((k, "engine")) & (2 ** 62 - 1)) for k in req], now, len(req))
+    assert a._ttl == b._ttl and a._long == b._long and a._mix == b._mix
+    assert any(a._ttl) or any(a._long), "learned nothing: the check would be vacuous"
+    assert sorted(a._cur.values()) == sorted(b._cur.values())
+    assert {k: a.page_age(k) for k in rename} == {k: b.page_age(v) for k, v in rename.items()}
+
+
+def test_hit_density_core_checks_its_parameters():
+    import pytest
+    from sglang_hydra.cache.hit_density_core import hit_density_core
+
+    with pytest.raises(ValueError, match="'classes' must be an integer in"):
+        hit_density_core({"classes": 0})
+    with pytest.raises(ValueError, match="'decay' must be a number in"):
+        hit_density_core({"decay": 1.0})
+    with pytest.raises(ValueError, match="unknown parameter"):
+        hit_density_core({"alpha": 1})
+
+
+def test_sglang_semantics_run_hit_density_on_pages_with_fresh_keys():
+    """Under sglang semantics the replay feeds the core one key per page (as the plugin
+    hashes pages), re-evaluates keys when evict() starts, and breaks ties by recency."""
+    from sglang_hydra.cache.radix import RadixTree
+
+    pol = make_policy("hit_density", {"epoch": 1000})
+    t = RadixTree(100, pol, semantics="sglang")
+    assert pol.engine_node_hooks and pol.core.by_arrival
+    for i in range(5):
+        t.serve([f"s{i}", f"t{i}", f"u{i}"], i, weights=[4, 4, 3])
+    assert pol.core._units == pol.core._pages == 55
+    assert ("t0", 3) in pol.core._cur and "t0" not in pol.core._cur
+    leaf = t.root.children["s4"].children["t4"].children["u4"]
+    assert pol.key(leaf) == (leaf.last_access, leaf.last_access)     # ages 0 before learning
+    rules = make_policy("hit_density", {"epoch": 1000})
+    RadixTree(100, rules).serve(["a"], 0)
+    assert not rules.engine_node_hooks and not rules.core.by_arrival and "a" in rules.core._cur
