@@ -11,26 +11,31 @@ package's metadata and calls :func:`register`, which
   ``UnifiedRadixCache`` tree core use it,
 * routes a cache that uses one of the key-only policies (``span_lru``) to the Python tree
   core: the default Rust core only knows the built-in policies by name, and
-* for the policies that need to see insertions and evictions (``ghost_lru``,
-  ``ghost_lfu``: :data:`HOOKED_POLICIES`) registers the radix-cache backend
+* for the policies that need to see insertions and evictions or every request's pages
+  (:data:`HOOKED_POLICIES`: ``ghost_lru``, ``ghost_lfu``, ``hit_density``) registers the radix-cache backend
   :data:`BACKEND_NAME` (``--radix-cache-backend hydra_hooks``, SGLang's
   ``register_radix_cache_backend``) and makes the engine's default cache choice pick it
   whenever such a policy is selected, so ``--radix-eviction-policy ghost_lru`` alone is
-  enough.  The backend is SGLang's own ``RadixCache`` with three hooks (see
+  enough.  The backend is SGLang's own ``RadixCache`` with four hooks (see
   :func:`hooked_radix_cache_class`).
 
 A hooked policy is a strategy with ``engine_node_hooks = True`` and four methods:
 ``bind(capacity_pages)`` once, ``evict_started(now)`` when ``evict()`` starts (``now``
 read from the radix cache's own clock), ``on_insert(node, pages)`` when an insert creates a
 node (``pages``: one stable id per page of the node, chained over the prefix), and
-``on_evict(node, pages)`` when eviction deletes one; ``get_priority(node)`` as usual.
+``on_evict(node, pages)`` when eviction deletes one; ``get_priority(node)`` as usual.  A
+strategy with ``wants_requests = True`` also gets ``on_request(pages, now)`` after each
+insert: the pages of the whole request, root first, and the insert's last clock stamp.
 Adding such a class to :func:`strategy_classes` and its name to :data:`PLUGIN_POLICIES`
 and :data:`HOOKED_POLICIES` is all a further policy needs.  The replay's
 ``cache_semantics=sglang`` drives the same :class:`GhostHistory` at the same points
-(``sglang_hydra/cache/radix.py``), which is what makes the engine differential
+(``sglang_hydra/cache/radix.py``), and ``hit_density``'s replay policy the same
+:class:`~sglang_hydra.cache.hit_density_core.HitDensityCore` (a standard-library-only
+sibling module, the one relative import here), which is what makes the engine differential
 (tests/cache/test_engine_radix_differential.py) show identical hits.
 
-This module imports nothing but the standard library at import time and SGLang inside
+This module imports nothing but the standard library (and its std-lib-only sibling
+``hit_density_core``) at import time and SGLang inside
 :func:`register`: a server's environment need not have Hydra, omegaconf or the rest of
 sglang-hydra's dependencies.  ``SGLANG_PLUGINS=hydra_eviction_policies`` loads only this
 plugin.
@@ -250,7 +255,10 @@ def hooked_radix_cache_class():
       and the strategy's ``on_insert``; ``_split_node`` divides the ids between the halves;
     * ``evict``: reads the radix cache's clock once and passes it to ``evict_started``
       (the engine then builds its heap, evaluating every leaf's priority, as always);
-    * ``_delete_leaf``: the strategy's ``on_evict`` after the node left the tree.
+    * ``_delete_leaf``: the strategy's ``on_evict`` after the node left the tree;
+    * ``insert``: for a strategy with ``wants_requests``, ``on_request`` with the pages of
+      the path the insert ended on (the whole request) and the later of that node's
+      access and creation stamps (the insert's last clock read: no extra one is taken).
 
     A strategy without ``engine_node_hooks`` makes it a plain ``RadixCache``."""
     from sglang.srt.mem_cache import radix_cache as rc
