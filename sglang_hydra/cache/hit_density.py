@@ -107,6 +107,8 @@ class HitDensityPolicy(EvictionPolicy):
                                    identity="arrival" if engine else "key")
         self.core.bind(tree.capacity)
         if engine:
+            self._memo = {}           # leaf -> (last_access, core generation, key)
+            self._rekeyed = -1        # core generation at the last bulk re-keying
             self.engine_node_hooks = True
             self.on_touch = self._engine_touch
             self.key = self._engine_key
@@ -126,9 +128,16 @@ class HitDensityPolicy(EvictionPolicy):
         return node.last_access + (core._long[c] if packed & 128 else core._ttl[c])
 
     # ------------------------------------------ sglang semantics (as the plugin)
+    # A page is named by its unit's key (the unit's first page) or ``(unit key, page)``: any
+    # one-to-one naming does, since the core's arrival identity ignores key values.
     def _engine_touch(self, page_keys, k, clock, last_node):
         """The request's pages from the tree path (a unit of ``weight`` pages is that many
-        keys ``(unit key, page)``), as the engine plugin hashes the pages of its nodes."""
+        keys), as the engine plugin hashes the pages of its nodes."""
+        if last_node.depth + 1 == len(page_keys):
+            # one page per unit (e.g. page size = trace block): the pages are the units
+            if page_keys:
+                self.core.touch(page_keys, self.tree.now, len(page_keys))
+            return
         root = self.tree.root
         path = []
         node = last_node
@@ -137,22 +146,78 @@ class HitDensityPolicy(EvictionPolicy):
             node = node.parent
         if not path:
             return
-        pages = [(n.key, p) for n in reversed(path) for p in range(n.lo, n.lo + n.weight)]
+        pages = []
+        add = pages.append
+        for n in reversed(path):
+            key = n.key
+            lo = n.lo
+            if lo == 0:
+                add(key)
+                lo = 1
+            for p in range(lo, n.lo + n.weight):
+                add((key, p))
         self.core.touch(pages, self.tree.now, len(pages))
 
     def _engine_key(self, node):
         """The engine's priority of the engine node this leaf ends: its last page's age,
         or the age of the page above it in the same node when the last page is a
-        request's last page (see :meth:`HitDensityCore.page_age`); recency breaks ties."""
-        end = node.lo + node.weight - 1
-        if node.weight > 1:
-            above = (node.key, end - 1)
-        else:
-            up = node.parent
-            above = ((up.key, up.lo + up.weight - 1)
-                     if up is not self.tree.root and up.seg == node.seg else None)
+        request's last page (see :meth:`HitDensityCore.page_age`); recency breaks ties.
+
+        Every candidate is re-keyed when ``evict()`` starts, so the key is cached per leaf:
+        it can only change when the leaf is stamped (any read of its pages, or of the page
+        above it in its engine node, stamps it) or the core's ``generation`` moves."""
         t = node.last_access
-        return (t + self.core.page_age((node.key, end), above), t)
+        core = self.core
+        memo = self._memo
+        hit = memo.get(node)
+        if hit is not None and hit[0] == t and hit[1] == core.generation:
+            return hit[2]
+        cur = core._cur
+        old = core._old
+        key = node.key
+        end = node.lo + node.weight - 1
+        page = key if end == 0 else (key, end)
+        packed = cur.get(page)
+        if packed is None:
+            packed = old.get(page)
+        if packed is None:
+            out = (t + core._ttl[0], t)
+        else:
+            c = (packed >> 8) & 31
+            if c == core.classes:
+                # the request's last page: ranked by the page above it in the same engine node
+                above = None
+                if node.weight > 1:
+                    above = key if end == 1 else (key, end - 1)
+                else:
+                    up = node.parent
+                    if up is not self.tree.root and up.seg == node.seg:
+                        e = up.lo + up.weight - 1
+                        above = up.key if e == 0 else (up.key, e)
+                if above is not None:
+                    a = cur.get(above)
+                    if a is None:
+                        a = old.get(above)
+                    if a is not None:
+                        packed = a
+                        c = (a >> 8) & 31
+            out = (t + (core._long[c] if packed & 128 else core._ttl[c]), t)
+        memo[node] = (t, core.generation, out)
+        return out
+
+    def rekey(self, entries):
+        """``[(key(node), seq, node)]`` for heap entries ``(old key, seq, node)`` (the tree's
+        bulk re-keying when ``evict()`` starts, where it offers one).  While the core's
+        generation is the one of the previous call the entries are right as they are: each
+        was keyed under this generation, and a leaf whose key changed otherwise was stamped,
+        hence pushed again (a read of its pages or of the page above it in its engine node
+        stamps it), so its older entries are not current."""
+        gen = self.core.generation
+        if gen == self._rekeyed:
+            return entries
+        self._rekeyed = gen
+        key = self._engine_key
+        return [(key(e[2]), e[1], e[2]) for e in entries]
 
     def evict_started(self, now):
         """Nothing to record: the tree re-evaluates every candidate's key (as the engine)."""
@@ -161,7 +226,9 @@ class HitDensityPolicy(EvictionPolicy):
         pass
 
     def on_evict_engine_node(self, units, bottom):
-        pass
+        memo = self._memo
+        for n in units:
+            memo.pop(n, None)
 
     # ------------------------------------------------------------- reports
     @property

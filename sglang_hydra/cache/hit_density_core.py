@@ -88,6 +88,9 @@ class HitDensityCore:
         self._units = 0.0         # decayed keys read, and the pages they hold: the
         self._pages = 0.0         # capacity is in pages, the counters are per key (unit)
         self._span = 1 << 62      # history length in ticks (until the first estimate)
+        #: changes whenever an age can change without a page being read (a reconfiguration,
+        #: or the history dropping its older generation): callers may cache ages until then
+        self.generation = 0
 
     def bind(self, capacity_pages) -> None:
         self.capacity = capacity_pages
@@ -173,6 +176,7 @@ class HitDensityCore:
             self._old = cur
             self._cur = {}
             self._rotated = now
+            self.generation += 1
         self._requests += 1
         if self._requests % self.epoch == 0:
             self._reconfigure(now)
@@ -234,6 +238,7 @@ class HitDensityCore:
         while len(cohorts) > MAX_COHORTS:
             del cohorts[next(iter(cohorts))]
         self._open_cohort(now)
+        self.generation += 1
 
     def _curves(self, c, now):
         """(ages, hits per interval, page-time per interval) of class ``c`` for each

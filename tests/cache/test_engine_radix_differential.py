@@ -185,7 +185,7 @@ def test_plugin_policy_is_rejected_without_the_plugin(policy):
     assert f"Unknown eviction policy: {policy}" in out["error"]
 
 
-@pytest.mark.parametrize("policy", ["span_lru", "ghost_lru"])
+@pytest.mark.parametrize("policy", ["span_lru", "ghost_lru", "hit_density"])
 def test_check_engine_accepts_the_plugin_policy_once_installed(plugin_overlay, tmp_path, policy):
     """job=resolve job.check=engine with an interpreter that has SGLang and our wheel: the
     plugin check passes and SGLang itself (plugins loaded, as launch_server does) accepts

@@ -120,6 +120,7 @@ def test_last_page_leaf_is_ranked_by_its_engine_node(semantics, expected):
     last = pol.classes                     # class of a request's last, newly read page
     pol.core._ttl = [7] * (pol.classes + 2)
     pol.core._ttl[last] = 0
+    pol.core.generation += 1               # ages changed (the memo of the sglang keys knows it)
     leaf = t.root.children["a"].children["b"].children["c"]
     key = pol.key(leaf)
     if semantics == "sglang":              # the engine's (priority, last access) order

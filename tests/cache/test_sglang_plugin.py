@@ -264,7 +264,7 @@ def test_sglang_semantics_run_hit_density_on_pages_with_fresh_keys():
     for i in range(5):
         t.serve([f"s{i}", f"t{i}", f"u{i}"], i, weights=[4, 4, 3])
     assert pol.core._units == pol.core._pages == 55
-    assert ("t0", 3) in pol.core._cur and "t0" not in pol.core._cur
+    assert "t0" in pol.core._cur and ("t0", 3) in pol.core._cur and ("t0", 0) not in pol.core._cur
     leaf = t.root.children["s4"].children["t4"].children["u4"]
     assert pol.key(leaf) == (leaf.last_access, leaf.last_access)     # ages 0 before learning
     rules = make_policy("hit_density", {"epoch": 1000})
