@@ -48,9 +48,9 @@ requests.  The clock is the tree's (:attr:`RadixTree.now`).
 Under ``semantics="sglang"`` the policy runs exactly as SGLang runs it through the plugin
 (``hit_density`` is one of its hooked policies): one history key per *page* (a trace block
 of several pages is several keys, as the engine sees pages), the long-kept share picked by
-the pages' arrival order (the engine's page ids are not the trace's), every leaf's key
-evaluated afresh when ``evict()`` starts, and ties broken by recency as the engine's heap
-does.  The engine differential (tests/cache/test_engine_radix_differential.py) holds the two
+the pages' arrival order (the engine's page ids are not the trace's), keys as current as the
+engine's, which evaluates them when ``evict()`` starts (here: every candidate is re-keyed
+when the ages change), and ties broken by recency as the engine's heap does.  The engine differential (tests/cache/test_engine_radix_differential.py) holds the two
 to identical hits.
 """
 from __future__ import annotations
@@ -107,9 +107,7 @@ class HitDensityPolicy(EvictionPolicy):
                                    identity="arrival" if engine else "key")
         self.core.bind(tree.capacity)
         if engine:
-            self._memo = {}           # leaf -> (last_access, core generation, key)
-            self._rekeyed = -1        # core generation at the last bulk re-keying
-            self.engine_node_hooks = True
+            self._keyed = self.core.generation     # the generation the tree's keys are from
             self.on_touch = self._engine_touch
             self.key = self._engine_key
 
@@ -137,6 +135,7 @@ class HitDensityPolicy(EvictionPolicy):
             # one page per unit (e.g. page size = trace block): the pages are the units
             if page_keys:
                 self.core.touch(page_keys, self.tree.now, len(page_keys))
+                self._rekey_if_new_ages()
             return
         root = self.tree.root
         path = []
@@ -157,21 +156,25 @@ class HitDensityPolicy(EvictionPolicy):
             for p in range(lo, n.lo + n.weight):
                 add((key, p))
         self.core.touch(pages, self.tree.now, len(pages))
+        self._rekey_if_new_ages()
+
+    def _rekey_if_new_ages(self):
+        """The engine evaluates every leaf's priority when ``evict()`` starts.  A key here
+        changes only when its leaf is stamped (a read of its pages, or of the page above it
+        in its engine node, stamps it; the tree then pushes it again) or when the core's
+        generation moves (new ages, or the history dropped its older half): then every
+        candidate is re-keyed, before any later eviction, which gives the engine's order."""
+        gen = self.core.generation
+        if gen != self._keyed:
+            self._keyed = gen
+            self.tree.rekey_candidates()
 
     def _engine_key(self, node):
         """The engine's priority of the engine node this leaf ends: its last page's age,
         or the age of the page above it in the same node when the last page is a
-        request's last page (see :meth:`HitDensityCore.page_age`); recency breaks ties.
-
-        Every candidate is re-keyed when ``evict()`` starts, so the key is cached per leaf:
-        it can only change when the leaf is stamped (any read of its pages, or of the page
-        above it in its engine node, stamps it) or the core's ``generation`` moves."""
+        request's last page (see :meth:`HitDensityCore.page_age`); recency breaks ties."""
         t = node.last_access
         core = self.core
-        memo = self._memo
-        hit = memo.get(node)
-        if hit is not None and hit[0] == t and hit[1] == core.generation:
-            return hit[2]
         cur = core._cur
         old = core._old
         key = node.key
@@ -180,55 +183,27 @@ class HitDensityPolicy(EvictionPolicy):
         packed = cur.get(page)
         if packed is None:
             packed = old.get(page)
-        if packed is None:
-            out = (t + core._ttl[0], t)
-        else:
-            c = (packed >> 8) & 31
-            if c == core.classes:
-                # the request's last page: ranked by the page above it in the same engine node
-                above = None
-                if node.weight > 1:
-                    above = key if end == 1 else (key, end - 1)
-                else:
-                    up = node.parent
-                    if up is not self.tree.root and up.seg == node.seg:
-                        e = up.lo + up.weight - 1
-                        above = up.key if e == 0 else (up.key, e)
-                if above is not None:
-                    a = cur.get(above)
-                    if a is None:
-                        a = old.get(above)
-                    if a is not None:
-                        packed = a
-                        c = (a >> 8) & 31
-            out = (t + (core._long[c] if packed & 128 else core._ttl[c]), t)
-        memo[node] = (t, core.generation, out)
-        return out
-
-    def rekey(self, entries):
-        """``[(key(node), seq, node)]`` for heap entries ``(old key, seq, node)`` (the tree's
-        bulk re-keying when ``evict()`` starts, where it offers one).  While the core's
-        generation is the one of the previous call the entries are right as they are: each
-        was keyed under this generation, and a leaf whose key changed otherwise was stamped,
-        hence pushed again (a read of its pages or of the page above it in its engine node
-        stamps it), so its older entries are not current."""
-        gen = self.core.generation
-        if gen == self._rekeyed:
-            return entries
-        self._rekeyed = gen
-        key = self._engine_key
-        return [(key(e[2]), e[1], e[2]) for e in entries]
-
-    def evict_started(self, now):
-        """Nothing to record: the tree re-evaluates every candidate's key (as the engine)."""
-
-    def on_insert_engine_node(self, units):
-        pass
-
-    def on_evict_engine_node(self, units, bottom):
-        memo = self._memo
-        for n in units:
-            memo.pop(n, None)
+            if packed is None:
+                return (t + core._ttl[0], t)
+        c = (packed >> 8) & 31
+        if c == core.classes:
+            # the request's last page: ranked by the page above it in the same engine node
+            above = None
+            if node.weight > 1:
+                above = key if end == 1 else (key, end - 1)
+            else:
+                up = node.parent
+                if up is not self.tree.root and up.seg == node.seg:
+                    e = up.lo + up.weight - 1
+                    above = up.key if e == 0 else (up.key, e)
+            if above is not None:
+                a = cur.get(above)
+                if a is None:
+                    a = old.get(above)
+                if a is not None:
+                    packed = a
+                    c = (a >> 8) & 31
+        return (t + (core._long[c] if packed & 128 else core._ttl[c]), t)
 
     # ------------------------------------------------------------- reports
     @property

@@ -25,7 +25,9 @@ read from the radix cache's own clock), ``on_insert(node, pages)`` when an inser
 node (``pages``: one stable id per page of the node, chained over the prefix), and
 ``on_evict(node, pages)`` when eviction deletes one; ``get_priority(node)`` as usual.  A
 strategy with ``wants_requests = True`` also gets ``on_request(pages, now)`` after each
-insert: the pages of the whole request, root first, and the insert's last clock stamp.
+insert: the pages of the whole request, root first, and the insert's last clock stamp; one
+with ``wants_evict_clock = False`` is not given (and the cache does not read) the clock at
+``evict()``.
 Adding such a class to :func:`strategy_classes` and its name to :data:`PLUGIN_POLICIES`
 and :data:`HOOKED_POLICIES` is all a further policy needs.  The replay's
 ``cache_semantics=sglang`` drives the same :class:`GhostHistory` at the same points
@@ -217,6 +219,7 @@ def strategy_classes():
 
         engine_node_hooks = True
         wants_requests = True
+        wants_evict_clock = False      # its priorities need no clock read at evict()
 
         def __init__(self, **params):
             self.core = hit_density_core(params)
@@ -319,7 +322,8 @@ def hooked_radix_cache_class():
 
         def evict(self, params):
             hooks = getattr(self, "_hydra_hooks", None)
-            if hooks is not None and not self.disable and params.num_tokens > 0:
+            if (hooks is not None and not self.disable and params.num_tokens > 0
+                    and getattr(hooks, "wants_evict_clock", True)):
                 hooks.evict_started(rc.time.monotonic())
             return super().evict(params)
 

@@ -255,18 +255,24 @@ def test_hit_density_core_checks_its_parameters():
 
 def test_sglang_semantics_run_hit_density_on_pages_with_fresh_keys():
     """Under sglang semantics the replay feeds the core one key per page (as the plugin
-    hashes pages), re-evaluates keys when evict() starts, and breaks ties by recency."""
+    hashes pages), re-keys every candidate when the ages change (the engine evaluates
+    priorities when evict() starts), and breaks ties by recency."""
     from sglang_hydra.cache.radix import RadixTree
 
     pol = make_policy("hit_density", {"epoch": 1000})
     t = RadixTree(100, pol, semantics="sglang")
-    assert pol.engine_node_hooks and pol.core.by_arrival
+    assert pol.core.by_arrival and not pol.engine_node_hooks   # no clock read at evict()
     for i in range(5):
         t.serve([f"s{i}", f"t{i}", f"u{i}"], i, weights=[4, 4, 3])
     assert pol.core._units == pol.core._pages == 55
     assert "t0" in pol.core._cur and ("t0", 3) in pol.core._cur and ("t0", 0) not in pol.core._cur
     leaf = t.root.children["s4"].children["t4"].children["u4"]
     assert pol.key(leaf) == (leaf.last_access, leaf.last_access)     # ages 0 before learning
+    pol.core._ttl = [5] * len(pol.core._ttl)                        # new ages ...
+    pol.core.generation += 1
+    pol._rekey_if_new_ages()                                         # ... every candidate re-keyed
+    live = [(k, n) for k, seq, n in t._heap if n.heap_seq == seq and not n.children and n.parent is not None]
+    assert live and all(k == (n.last_access + 5, n.last_access) for k, n in live)
     rules = make_policy("hit_density", {"epoch": 1000})
     RadixTree(100, rules).serve(["a"], 0)
     assert not rules.engine_node_hooks and not rules.core.by_arrival and "a" in rules.core._cur
