@@ -210,4 +210,3 @@ def test_rules_semantics_keep_the_documented_ghost_lru():
     tree.serve([1, 2])
     tree.serve([3, 4, 5])
     assert dict(tree.policy._ghost) == {2: 1}                        # one page (the leaf) freed, as the rules say
-
