@@ -257,7 +257,8 @@ def hooked_radix_cache_class():
       each page's tokens over the prefix, so a page has the same id whatever node holds it)
       and the strategy's ``on_insert``; ``_split_node`` divides the ids between the halves;
     * ``evict``: reads the radix cache's clock once and passes it to ``evict_started``
-      (the engine then builds its heap, evaluating every leaf's priority, as always);
+      (the engine then builds its heap, evaluating every leaf's priority, as always), unless
+      the strategy sets ``wants_evict_clock = False``;
     * ``_delete_leaf``: the strategy's ``on_evict`` after the node left the tree;
     * ``insert``: for a strategy with ``wants_requests``, ``on_request`` with the pages of
       the path the insert ended on (the whole request) and the later of that node's
