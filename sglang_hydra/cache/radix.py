@@ -655,6 +655,16 @@ class RadixTree:
                 node.priority = priority
             node = node.parent
 
+    def rekey_candidates(self) -> None:
+        """The policy's keys changed for every node at once (``hit_density``'s new retention
+        ages): evaluate every candidate leaf's key afresh, dropping stale heap entries."""
+        key = self.policy.key
+        shielded = self._shielded
+        heap = [(key(e[2]), e[1], e[2]) for e in self._heap
+                if e[2].heap_seq == e[1] and not shielded(e[2])]
+        heapify(heap)
+        self._heap = heap
+
     # ------------------------------------------------------------- inspection
     def iter_nodes(self) -> Iterator[TreeNode]:
         """All cached nodes (root excluded), parents before children."""

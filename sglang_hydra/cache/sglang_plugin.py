@@ -11,26 +11,33 @@ package's metadata and calls :func:`register`, which
   ``UnifiedRadixCache`` tree core use it,
 * routes a cache that uses one of the key-only policies (``span_lru``) to the Python tree
   core: the default Rust core only knows the built-in policies by name, and
-* for the policies that need to see insertions and evictions (``ghost_lru``,
-  ``ghost_lfu``: :data:`HOOKED_POLICIES`) registers the radix-cache backend
+* for the policies that need to see insertions and evictions or every request's pages
+  (:data:`HOOKED_POLICIES`: ``ghost_lru``, ``ghost_lfu``, ``hit_density``) registers the radix-cache backend
   :data:`BACKEND_NAME` (``--radix-cache-backend hydra_hooks``, SGLang's
   ``register_radix_cache_backend``) and makes the engine's default cache choice pick it
   whenever such a policy is selected, so ``--radix-eviction-policy ghost_lru`` alone is
-  enough.  The backend is SGLang's own ``RadixCache`` with three hooks (see
+  enough.  The backend is SGLang's own ``RadixCache`` with four hooks (see
   :func:`hooked_radix_cache_class`).
 
 A hooked policy is a strategy with ``engine_node_hooks = True`` and four methods:
 ``bind(capacity_pages)`` once, ``evict_started(now)`` when ``evict()`` starts (``now``
 read from the radix cache's own clock), ``on_insert(node, pages)`` when an insert creates a
 node (``pages``: one stable id per page of the node, chained over the prefix), and
-``on_evict(node, pages)`` when eviction deletes one; ``get_priority(node)`` as usual.
+``on_evict(node, pages)`` when eviction deletes one; ``get_priority(node)`` as usual.  A
+strategy with ``wants_requests = True`` also gets ``on_request(pages, now)`` after each
+insert: the pages of the whole request, root first, and the insert's last clock stamp; one
+with ``wants_evict_clock = False`` is not given (and the cache does not read) the clock at
+``evict()``.
 Adding such a class to :func:`strategy_classes` and its name to :data:`PLUGIN_POLICIES`
 and :data:`HOOKED_POLICIES` is all a further policy needs.  The replay's
 ``cache_semantics=sglang`` drives the same :class:`GhostHistory` at the same points
-(``sglang_hydra/cache/radix.py``), which is what makes the engine differential
+(``sglang_hydra/cache/radix.py``), and ``hit_density``'s replay policy the same
+:class:`~sglang_hydra.cache.hit_density_core.HitDensityCore` (a standard-library-only
+sibling module, the one relative import here), which is what makes the engine differential
 (tests/cache/test_engine_radix_differential.py) show identical hits.
 
-This module imports nothing but the standard library at import time and SGLang inside
+This module imports nothing but the standard library (and its std-lib-only sibling
+``hit_density_core``) at import time and SGLang inside
 :func:`register`: a server's environment need not have Hydra, omegaconf or the rest of
 sglang-hydra's dependencies.  ``SGLANG_PLUGINS=hydra_eviction_policies`` loads only this
 plugin.
@@ -38,6 +45,8 @@ plugin.
 from __future__ import annotations
 
 from collections import OrderedDict
+
+from .hit_density_core import HIT_DENSITY_DEFAULTS, hit_density_core
 
 #: Entry-point name (``SGLANG_PLUGINS`` filters on it).
 PLUGIN_NAME = "hydra_eviction_policies"
@@ -47,10 +56,11 @@ PLUGIN_POLICIES = {
     "span_lru": {"alpha": 1.0},
     "ghost_lru": {"alpha": 2.5, "ghost_factor": 8.0, "ewma": 0.01},
     "ghost_lfu": {"alpha": 2.0, "beta": 0.5, "cap": 8.0, "ghost_factor": 8.0, "ewma": 0.01},
+    "hit_density": dict(HIT_DENSITY_DEFAULTS),
 }
 
 #: Policies that need insert/evict hooks, hence the radix-cache backend below.
-HOOKED_POLICIES = ("ghost_lru", "ghost_lfu")
+HOOKED_POLICIES = ("ghost_lru", "ghost_lfu", "hit_density")
 
 #: ``--radix-cache-backend`` name of the hooked ``RadixCache``.
 BACKEND_NAME = "hydra_hooks"
@@ -200,7 +210,44 @@ def strategy_classes():
 
         policy = "ghost_lfu"
 
-    return {"span_lru": SpanLRUStrategy, "ghost_lru": GhostLRUStrategy, "ghost_lfu": GhostLFUStrategy}
+    class HitDensityStrategy(EvictionStrategy):
+        """``hit_density``: a retention age per class of page, learned online
+        (:class:`~sglang_hydra.cache.hit_density_core.HitDensityCore`, which the replay runs
+        too).  Needs the hooked radix cache: it reads every request's pages after the insert
+        (``on_request``).  The clock is the radix cache's own (``time.monotonic()``, whole
+        seconds in a server), so ages and return gaps are in its units."""
+
+        engine_node_hooks = True
+        wants_requests = True
+        wants_evict_clock = False      # its priorities need no clock read at evict()
+
+        def __init__(self, **params):
+            self.core = hit_density_core(params)
+
+        def bind(self, capacity_pages):
+            self.core.bind(capacity_pages)
+
+        def evict_started(self, now):
+            pass
+
+        def on_insert(self, node, pages):
+            pass
+
+        def on_evict(self, node, pages):
+            pass
+
+        def on_request(self, pages, now):
+            """An insert ended a request's pages (prefix order) at time ``now``."""
+            self.core.touch(pages, int(now), len(pages))
+
+        def get_priority(self, node):
+            pages = getattr(node, "_hydra_pages", None) or (None,)
+            above = pages[-2] if len(pages) > 1 else None
+            t = node.last_access_time
+            return (t + self.core.page_age(pages[-1], above), t)
+
+    return {"span_lru": SpanLRUStrategy, "ghost_lru": GhostLRUStrategy, "ghost_lfu": GhostLFUStrategy,
+            "hit_density": HitDensityStrategy}
 
 
 def hooked_radix_cache_class():
@@ -210,8 +257,12 @@ def hooked_radix_cache_class():
       each page's tokens over the prefix, so a page has the same id whatever node holds it)
       and the strategy's ``on_insert``; ``_split_node`` divides the ids between the halves;
     * ``evict``: reads the radix cache's clock once and passes it to ``evict_started``
-      (the engine then builds its heap, evaluating every leaf's priority, as always);
-    * ``_delete_leaf``: the strategy's ``on_evict`` after the node left the tree.
+      (the engine then builds its heap, evaluating every leaf's priority, as always), unless
+      the strategy sets ``wants_evict_clock = False``;
+    * ``_delete_leaf``: the strategy's ``on_evict`` after the node left the tree;
+    * ``insert``: for a strategy with ``wants_requests``, ``on_request`` with the pages of
+      the path the insert ended on (the whole request) and the later of that node's
+      access and creation stamps (the insert's last clock read: no extra one is taken).
 
     A strategy without ``engine_node_hooks`` makes it a plain ``RadixCache``."""
     from sglang.srt.mem_cache import radix_cache as rc
@@ -253,9 +304,27 @@ def hooked_radix_cache_class():
                 new_node._hydra_pages, child._hydra_pages = pages[:k], pages[k:]
             return new_node
 
+        def insert(self, params):
+            result = super().insert(params)
+            hooks = getattr(self, "_hydra_hooks", None)
+            if hooks is not None and getattr(hooks, "wants_requests", False):
+                last = result.last_device_node
+                if last is not None and last is not self.root_node:
+                    # the request's pages, root first; its clock: the insert's last stamp
+                    # (the path's access time, or a new node's creation just after it)
+                    runs = []
+                    node = last
+                    while node is not self.root_node and node is not None:
+                        runs.append(getattr(node, "_hydra_pages", ()))
+                        node = node.parent
+                    pages = [p for run in reversed(runs) for p in run]
+                    hooks.on_request(pages, max(last.last_access_time, last.creation_time))
+            return result
+
         def evict(self, params):
             hooks = getattr(self, "_hydra_hooks", None)
-            if hooks is not None and not self.disable and params.num_tokens > 0:
+            if (hooks is not None and not self.disable and params.num_tokens > 0
+                    and getattr(hooks, "wants_evict_clock", True)):
                 hooks.evict_started(rc.time.monotonic())
             return super().evict(params)
 

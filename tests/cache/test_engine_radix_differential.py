@@ -7,12 +7,14 @@ pages fit, insert, unpin; the engine's clock replaced by a counter).  Every requ
 hit the same number of pages, for every policy, capacity and page size.
 
 * lru, lfu, slru, priority and our ``span_lru``: SGLang's ``RadixCache``, built directly.
-* tlru and our ``ghost_lru`` / ``ghost_lfu``: the cache a *server* builds for
+* tlru and our ``ghost_lru`` / ``ghost_lfu`` / ``hit_density``: the cache a *server* builds for
   ``--radix-eviction-policy <name>`` (its arguments parsed and published, then the
   engine's ``create_tree_cache``): ``UnifiedRadixCache`` with the Rust tree core for tlru
   (importing it needs ``openai`` and ``partial_json_parser`` in the reference venv, which
-  ``.ci/run`` installs), and for the ghost policies the hooked ``RadixCache`` our plugin
-  registers as a radix-cache backend and selects by the policy name alone.
+  ``.ci/run`` installs), and for the hooked policies (``HOOKED_POLICIES``: the ghost
+  policies and ``hit_density``) the hooked ``RadixCache`` our plugin registers as a
+  radix-cache backend and selects by the policy name alone.  ``hit_density`` must also
+  differ from LRU somewhere (it learned retention ages, so the identity is not LRU's).
 
 Our policies come from the plugin, found by the engine's plugin loader in the installed
 wheel's entry-point metadata (the wheel is installed with ``--no-deps --target`` into an
@@ -48,11 +50,12 @@ pytestmark = [pytest.mark.reference, pytest.mark.skipif(
 #: policy -> config (tokens of the replay's pages); span_lru and the ghost policies are ours
 POLICIES = {"lru": None, "lfu": None, "slru": {"protected_threshold": 2}, "priority": None,
             "span_lru": {"alpha": 1.0}, "tlru": {"threshold": 8192, "next_prompt_estimate": 2048},
-            "ghost_lru": None, "ghost_lfu": None}
+            "ghost_lru": None, "ghost_lfu": None, "hit_density": None}
 #: policies whose engine run builds the cache as a server does, and the classes it must pick
 SERVER_BUILT = {"tlru": ("UnifiedRadixCache", None),
                 "ghost_lru": ("HydraHookedRadixCache", "GhostLRUStrategy"),
-                "ghost_lfu": ("HydraHookedRadixCache", "GhostLFUStrategy")}
+                "ghost_lfu": ("HydraHookedRadixCache", "GhostLFUStrategy"),
+                "hit_density": ("HydraHookedRadixCache", "HitDensityStrategy")}
 BLOCK_CAPACITIES = (1000, 4000, 16000)          # in 512-token blocks, as replay_rules.md
 SYNTH_BLOCK_CAPACITIES = (60, 250, 1000)
 PAGE_SIZES = (512, 128)
@@ -137,6 +140,7 @@ def test_sglang_semantics_hit_the_engine_exactly(plugin_overlay):
             jobs.append((name, reqs, ps, pages, prios, runs[i:i + step]))
     table = []
     problems = []
+    totals = {}
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         engine = [pool.submit(_engine, j[3], j[4],
                               [dict(r, policy_config=_engine_config(r["policy"], r["policy_config"], j[2]))
@@ -157,6 +161,7 @@ def test_sglang_semantics_hit_the_engine_exactly(plugin_overlay):
                     assert out["cache_class"] == cache_class, (label, out["cache_class"])
                     assert strategy is None or out["policy_class"] == strategy, (label, out["policy_class"])
                 theirs = out["hits"]
+                totals[(name, ps, run["policy"], run["capacity_pages"])] = sum(theirs)
                 table.append(f"{label}: ours {sum(ours)} sglang {sum(theirs)} requests {len(reqs)}")
                 if ours != theirs:
                     first = next(i for i, (x, y) in enumerate(zip(ours, theirs)) if x != y)
@@ -164,6 +169,9 @@ def test_sglang_semantics_hit_the_engine_exactly(plugin_overlay):
                                     f"ours {ours[first]} sglang {theirs[first]}")
     print("\n" + "\n".join(table))
     assert not problems, "\n".join(problems)
+    # hit_density learned something the engine then applied: not LRU's hits everywhere
+    learned = [k for k, v in totals.items() if k[2] == "hit_density" and v != totals[k[:2] + ("lru",) + k[3:]]]
+    assert any(k[0] == "conversation" for k in learned), totals
 
 
 @pytest.mark.parametrize("policy", ["span_lru", "ghost_lru"])
@@ -177,7 +185,7 @@ def test_plugin_policy_is_rejected_without_the_plugin(policy):
     assert f"Unknown eviction policy: {policy}" in out["error"]
 
 
-@pytest.mark.parametrize("policy", ["span_lru", "ghost_lru"])
+@pytest.mark.parametrize("policy", ["span_lru", "ghost_lru", "hit_density"])
 def test_check_engine_accepts_the_plugin_policy_once_installed(plugin_overlay, tmp_path, policy):
     """job=resolve job.check=engine with an interpreter that has SGLang and our wheel: the
     plugin check passes and SGLang itself (plugins loaded, as launch_server does) accepts

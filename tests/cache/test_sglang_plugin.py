@@ -29,17 +29,30 @@ def test_entry_point_declared_in_the_plugin_group():
 
 
 def test_plugin_module_imports_only_the_standard_library_and_sglang():
-    tree = ast.parse(PLUGIN.read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names = [node.module or ""]
-        else:
-            continue
-        for name in names:
-            top = name.split(".")[0]
-            assert top == "sglang" or top in sys.stdlib_module_names or name == "__future__", name
+    """The plugin and the sibling modules it imports relatively (the ``hit_density`` core),
+    recursively: nothing but the standard library and SGLang."""
+    todo, seen = [PLUGIN], set()
+    while todo:
+        path = todo.pop()
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    assert node.level == 1 and node.module, (path.name, node.module)
+                    sibling = PLUGIN.parent / (node.module.replace(".", "/") + ".py")
+                    assert sibling.is_file(), (path.name, node.module)
+                    if sibling not in seen:
+                        todo.append(sibling)
+                    continue
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top == "sglang" or top in sys.stdlib_module_names or name == "__future__", (path.name, name)
+    assert PLUGIN.parent / "hit_density_core.py" in seen
 
 
 def test_importing_the_plugin_pulls_in_no_hydra_omegaconf_or_torch():
@@ -58,10 +71,11 @@ def test_which_policies_need_the_plugin():
     assert not policy_needs_plugin("lru") and policy_runs_in_sglang("lru")
     assert not policy_runs_in_sglang("belady")
     # the ghost policies need insert/evict hooks: the plugin's hooked radix cache provides them
-    assert set(sglang_plugin.HOOKED_POLICIES) == {"ghost_lru", "ghost_lfu"}
+    assert set(sglang_plugin.HOOKED_POLICIES) == {"ghost_lru", "ghost_lfu", "hit_density"}
     # auto_ghost_lfu's miniature caches are not in the plugin: replay-only
     assert "auto_ghost_lfu" in available_policies() and not policy_runs_in_sglang("auto_ghost_lfu")
-    assert "hit_density" in available_policies() and not policy_runs_in_sglang("hit_density")
+    # hit_density's state machine is in the std-lib-only core the plugin runs
+    assert policy_needs_plugin("hit_density") and policy_runs_in_sglang("hit_density")
     # every plugin policy is one of ours with the same parameters
     for name, params in sglang_plugin.PLUGIN_POLICIES.items():
         assert name in available_policies()
