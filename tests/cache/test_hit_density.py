@@ -1,14 +1,11 @@
 """``hit_density``: retention ages learned from return gaps beat LRU where ages matter."""
-import os
-import subprocess
-import sys
-
 import pytest
 
 from sglang_hydra.cache import RadixTree, make_policy, validate_policy_config
 from sglang_hydra.cache.tiered import TieredCache
 from sglang_hydra.cache.movers import CountingMover
 from sglang_hydra.config.choices import choices
+from tests.cache.hash_seed import same_output_under_two_hash_seeds
 
 
 def _hits(policy, cfg, reqs, capacity, semantics="rules"):
@@ -101,12 +98,7 @@ def test_is_deterministic_across_processes():
     """The request hash that picks the long-kept share must not depend on PYTHONHASHSEED."""
     code = ("from tests.cache.test_hit_density import _hits, _late_returns;"
             "print(_hits('hit_density', {'epoch': 50}, _late_returns(800), 40)[0])")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
-                           env={**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": seed}).stdout
-            for seed in ("1", "2")}
-    assert len(outs) == 1 and outs.pop().strip().isdigit()
+    same_output_under_two_hash_seeds(code)
 
 
 @pytest.mark.parametrize("semantics, expected", [("rules", 0), ("sglang", 7)])

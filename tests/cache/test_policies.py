@@ -236,15 +236,8 @@ def test_auto_ghost_lfu_learns_to_credit_a_hot_set_under_a_scan():
 
 def test_auto_ghost_lfu_is_deterministic_across_processes():
     """Page sampling must not depend on Python's per-process string hash seed."""
-    import os
-    import subprocess
-    import sys
+    from tests.cache.hash_seed import same_output_under_two_hash_seeds
 
-    code = ("from tests.cache.test_policies import _hits, _hot_set_under_a_scan;"
-            "print(_hits('auto_ghost_lfu', {'sample': 3, 'epoch': 20}, _hot_set_under_a_scan(10))[0])")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
-                           env={**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": seed}).stdout
-            for seed in ("1", "2")}
-    assert len(outs) == 1 and outs.pop().strip().isdigit()
+    same_output_under_two_hash_seeds(
+        "from tests.cache.test_policies import _hits, _hot_set_under_a_scan;"
+        "print(_hits('auto_ghost_lfu', {'sample': 3, 'epoch': 20}, _hot_set_under_a_scan(10))[0])")
