@@ -6,6 +6,7 @@ from sglang_hydra.cache.tiered import TieredCache
 from sglang_hydra.cache.movers import CountingMover
 from sglang_hydra.config.choices import choices
 from tests.cache.hash_seed import same_output_under_two_hash_seeds
+from tests.cache.test_policies import _hot_set_under_a_scan
 
 
 def _hits(policy, cfg, reqs, capacity, semantics="rules"):
@@ -43,17 +44,6 @@ def test_beats_lru_when_every_page_returns_after_lru_evicted_it():
     # a single-page request's page is its last page: that class keeps a share long, the rest not
     last = pol.classes
     assert 0.5 < pol._mix[last] < 1 and pol._long[last] >= 100 > pol.retention[last]
-
-
-def _hot_set_under_a_scan(rounds=30, hot=20, scan=3):
-    reqs, fresh = [], 0
-    for _ in range(rounds):
-        for h in range(hot):
-            reqs.append([f"hot{h}"])
-            for _ in range(scan):
-                reqs.append([f"once{fresh}"])
-                fresh += 1
-    return reqs
 
 
 def test_proven_pages_get_the_longer_retention_under_a_scan():
