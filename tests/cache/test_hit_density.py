@@ -5,8 +5,8 @@ from sglang_hydra.cache import RadixTree, make_policy, validate_policy_config
 from sglang_hydra.cache.tiered import TieredCache
 from sglang_hydra.cache.movers import CountingMover
 from sglang_hydra.config.choices import choices
-from tests.cache.hash_seed import same_output_under_two_hash_seeds
-from tests.cache.test_policies import _hot_set_under_a_scan
+from hash_seed import same_output_under_two_hash_seeds
+from test_policies import _hot_set_under_a_scan
 
 
 def _hits(policy, cfg, reqs, capacity, semantics="rules"):

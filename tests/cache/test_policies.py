@@ -236,7 +236,7 @@ def test_auto_ghost_lfu_learns_to_credit_a_hot_set_under_a_scan():
 
 def test_auto_ghost_lfu_is_deterministic_across_processes():
     """Page sampling must not depend on Python's per-process string hash seed."""
-    from tests.cache.hash_seed import same_output_under_two_hash_seeds
+    from hash_seed import same_output_under_two_hash_seeds
 
     same_output_under_two_hash_seeds(
         "from tests.cache.test_policies import _hits, _hot_set_under_a_scan;"
