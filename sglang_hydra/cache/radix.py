@@ -204,8 +204,6 @@ class RadixTree:
     """
 
     def __init__(self, capacity: Optional[int] = None, policy=None, semantics: str = "rules"):
-        from .policies import BeladyPolicy
-
         if policy is None:
             from .policies import make_policy
 
@@ -224,10 +222,17 @@ class RadixTree:
         self._seq = 0
         self._clock = 0
         self._init_semantics(semantics)
+        self._bind_policy(policy)
+
+    def _bind_policy(self, policy) -> None:
+        from .policies import BeladyPolicy
+
         # Belady's own on_touch assumes one node per page; the tree stamps next uses per
         # node from the policy's per-unit table instead (identical for weight-1 nodes).
         self._belady = isinstance(policy, BeladyPolicy)
         policy.bind(self)
+        # engine-node hooks (the plugin's ghost policies), read once: insert and evict are hot
+        self._node_hooks = bool(self._engine and getattr(policy, "engine_node_hooks", False))
 
     # ------------------------------------------------------------------ helpers
     def _init_semantics(self, semantics: str) -> None:
@@ -433,7 +438,7 @@ class RadixTree:
         Under sglang semantics a victim is a whole engine node (segment)."""
         if num_pages <= 0:
             return 0
-        if self._engine and getattr(self.policy, "engine_node_hooks", False):
+        if self._node_hooks:
             self._evict_started()
         evicted = self._evict_leaves(num_pages)
         self.size -= evicted
@@ -472,18 +477,8 @@ class RadixTree:
         """A policy with engine-node hooks, as the engine plugin's cache runs it: the clock
         is read once when ``evict()`` starts, and every candidate leaf's key is evaluated
         then (the engine builds its heap from all evictable leaves at each call)."""
-        policy = self.policy
-        policy.evict_started(self._stamp())
-        # current entries of cached leaves (RadixTree._shielded, inlined: sglang semantics only)
-        live = [e for e in self._heap if e[2].heap_seq == e[1] and not e[2].children and e[2].parent is not None]
-        rekey = getattr(policy, "rekey", None)
-        if rekey is not None:          # the same keys as ``key``, computed in bulk
-            heap = rekey(live)
-        else:
-            key = policy.key
-            heap = [(key(e[2]), e[1], e[2]) for e in live]
-        heapify(heap)
-        self._heap = heap
+        self.policy.evict_started(self._stamp())
+        self.rekey_candidates()
 
     def _shielded(self, node) -> bool:
         """Not a candidate any more: it has a cached child, or it was evicted."""
@@ -506,7 +501,7 @@ class RadixTree:
             while top.parent is not root and top.parent.seg == seg:
                 top = top.parent
                 units.append(top)
-            if getattr(self.policy, "engine_node_hooks", False):
+            if self._node_hooks:
                 units.reverse()
                 self.policy.on_evict_engine_node(units, node)
         parent = top.parent
@@ -639,7 +634,7 @@ class RadixTree:
                 node.insert_time = created
                 units.append(node)
                 node = node.parent
-            if getattr(policy, "engine_node_hooks", False):
+            if self._node_hooks:
                 units.reverse()
                 policy.on_insert_engine_node(units)
         if policy.wants_touch:
@@ -657,11 +652,17 @@ class RadixTree:
 
     def rekey_candidates(self) -> None:
         """The policy's keys changed for every node at once (``hit_density``'s new retention
-        ages): evaluate every candidate leaf's key afresh, dropping stale heap entries."""
-        key = self.policy.key
+        ages, a ghost policy's clock at ``evict()``): evaluate every candidate leaf's key
+        afresh, dropping stale heap entries."""
+        policy = self.policy
         shielded = self._shielded
-        heap = [(key(e[2]), e[1], e[2]) for e in self._heap
-                if e[2].heap_seq == e[1] and not shielded(e[2])]
+        live = [e for e in self._heap if e[2].heap_seq == e[1] and not shielded(e[2])]
+        rekey = getattr(policy, "rekey", None)
+        if rekey is not None:          # the same keys as ``key``, computed in bulk
+            heap = rekey(live)
+        else:
+            key = policy.key
+            heap = [(key(e[2]), e[1], e[2]) for e in live]
         heapify(heap)
         self._heap = heap
 

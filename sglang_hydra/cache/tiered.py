@@ -270,7 +270,6 @@ class TieredCache(RadixTree):
         self._host_heap: list = []
         self._duplicates: set = set()       # nodes on device and host (write_back reclaim)
         # RadixTree state (the policy reads capacity, _clock and root)
-        from .policies import BeladyPolicy
         self.capacity = self.device_pages + (0 if self.buffer_only else self.host_pages)
         self.policy = policy
         self.root = TreeNode(None, None, -1, 0)
@@ -287,8 +286,7 @@ class TieredCache(RadixTree):
         if self._engine and self.hierarchical:
             raise ValueError("cache_semantics=sglang models the engine's device radix cache only; "
                              "use cache_semantics=rules with a host tier (HiCache)")
-        self._belady = isinstance(policy, BeladyPolicy)
-        policy.bind(self)
+        self._bind_policy(policy)
 
     # ------------------------------------------------------------------ tree helpers
     def _split(self, child: TreeNode, m: int) -> TreeNode:
