@@ -165,6 +165,15 @@ def _check_sweep_values(ov, text: str, keys: Dict[str, str]) -> List[Problem]:
                 problems.append(Problem(key, None, f"sweep value {v!r} in {text!r}: "
                                                    f"{no_such_option(key, str(v), options)}", "override"))
         return problems
+    if key.startswith("hardware."):
+        # hardware fields sit beside the record: every listed value goes through the same
+        # checks as hardware.<field>=<value> (one point per value, each composed on its own)
+        from .hardware import HARDWARE_FIELDS, compose_hardware
+        field = key[len("hardware."):]
+        for v in values[:1] if field not in HARDWARE_FIELDS else values:     # an unknown field: once
+            _, bad = compose_hardware("local", [(field, v, f"override {text}")])
+            problems.extend(bad)
+        return problems
     name = keys.get(key)
     if name is None:
         if not key.startswith("job."):

@@ -263,3 +263,20 @@ def test_a_sweep_of_jobs_without_figures_is_all_ok_and_draws_no_empty_chart(tmp_
     assert rows[2]["device_tokens"] and not rows[0]["device_tokens"]
     assert (sweep / "failed.csv").read_text().strip() == "run,status,exit_code,error,overrides"
     assert not (sweep / "summary.png").exists()
+
+
+def test_a_sweep_over_a_hardware_field(tmp_path):
+    """hardware.<field>=a,b sweeps like a record key: each point gets its value (here the PD decode
+    servers' pass scale moves TPOT), and a value or field the hardware does not take is exit 2."""
+    r = run("-m", "job=replay", "deploy=pd", "model=llama3_1_8b", "hardware=h100_80gb", "job.max_requests=100",
+            "hardware.disagg_decode_pass_scale=1.0,1.5", "hydra.sweep.dir=sw", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = {row["hardware.disagg_decode_pass_scale"]: float(row["tpot_p50_ms"])
+            for row in csv.DictReader(open(tmp_path / "sw" / "summary.csv"))}
+    assert rows["1.5"] > rows["1.0"]
+    bad = run("-m", "job=replay", "model=llama3_1_8b", "hardware=h100_80gb", "hardware.disagg_decode_pass_scale=1.0,9",
+              "hardware.bogus=1,2", "hydra.sweep.dir=sw2", cwd=tmp_path)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "hardware.disagg_decode_pass_scale: 9.0 is above the maximum 3" in bad.stderr
+    assert bad.stderr.count("hardware.bogus: unknown hardware field") == 1
+    assert not (tmp_path / "sw2").exists()
