@@ -176,7 +176,11 @@ def _time_scale(job: dict) -> float:
     return scale
 
 
-def not_modelled(overrides: Dict[str, str], job: dict) -> List[str]:
+#: hardware fields only a disaggregated deployment reads (the KV transfer's NIC, PD pass scales)
+DISAGG_ONLY_HARDWARE = ("nic_gbps", "disagg_prefill_pass_scale", "disagg_decode_pass_scale")
+
+
+def not_modelled(overrides: Dict[str, str], job: dict, disagg: bool = False) -> List[str]:
     """The given settings the simulation does not read, each as ``key=value: not modelled``."""
     from ..workload.assemble import MODELLED_FIELDS
     out = []
@@ -199,7 +203,10 @@ def not_modelled(overrides: Dict[str, str], job: dict) -> List[str]:
                 out.append(f"{key}={value}")
             continue
         if head == "hardware":
-            continue          # every hardware figure the pass model and the sizing read is modelled
+            # the pass model and the sizing read every figure; an aggregated deployment moves no KV
+            if len(parts) > 1 and (parts[1] == "source" or (not disagg and parts[1] in DISAGG_ONLY_HARDWARE)):
+                out.append(f"{key}={value}")
+            continue
         field = parts[-1].replace("-", "_").lstrip("-")
         if field not in MODELLED_FIELDS:
             out.append(f"{key}={value}")
@@ -464,7 +471,7 @@ def _document(*, record, target_disagg, built, groups, job, ctx, mode, arrival, 
         rt = result.routers["front"]
         groups["load"].update(router_cache_routed=rt.cache_routed, router_balance_routed=rt.balance_routed)
     overrides = _flat_overrides(ctx)
-    ignored = not_modelled(overrides, job)
+    ignored = not_modelled(overrides, job, disagg=model.mode == "disagg")
     doc = {"settings": {f"override {k}": v for k, v in overrides.items()}, "deployment": dep}
     doc.update(groups)
     doc["memory"] = mem

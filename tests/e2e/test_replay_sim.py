@@ -103,3 +103,15 @@ def test_deploy_pd_replay_in_process(tmp_path):
     assert dep["transfer_backend"] == "nixl" and dep["prefill_servers"] == 3 and dep["decode_tp_size"] == 2
     assert doc["latency"]["transfer_p90_ms"] > 0
     assert doc["requests"]["requests_completed"] > 0
+
+
+def test_a_hardware_field_an_aggregated_deployment_does_not_read_is_reported(tmp_path):
+    """The PD pass scales and the NIC move only a disaggregated deployment: on an aggregated one a
+    sweep over them gives identical rows and says so (a PD sweep reads them: test_sweeps.py)."""
+    r = run("-m", "job=replay", *BASE, "hardware.disagg_decode_pass_scale=1.0,1.5", "job.max_requests=100",
+            f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    docs = [json.loads((tmp_path / "sweep" / str(i) / "metrics.json").read_text()) for i in range(2)]
+    assert docs[0]["latency"] == docs[1]["latency"]
+    assert all(any("hardware.disagg_decode_pass_scale" in x for x in d["not_modelled"]) for d in docs)
+    assert "hardware.disagg_decode_pass_scale=1.0: not modelled" in r.stderr
