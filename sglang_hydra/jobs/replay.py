@@ -195,7 +195,7 @@ def not_modelled(overrides: Dict[str, str], job: dict, disagg: bool = False) -> 
         if head == "job":
             if len(parts) > 1 and ".".join(parts[1:]) not in MODELLED_JOB_KEYS + (
                     "objective", "format", "progress", "on_bad_line", "max_host_memory_gb", "tail_threshold_tokens",
-                    "name"):
+                    "name", "per_request"):
                 out.append(f"{key}={value}")
             continue
         if head == "deploy":
@@ -216,8 +216,11 @@ def not_modelled(overrides: Dict[str, str], job: dict, disagg: bool = False) -> 
 # --------------------------------------------------------------------------- the job
 def run(target, job: dict, ctx: JobContext) -> float:
     """The job: :func:`evaluate`, then ``replay.json`` / ``metrics.json``, the terminal, the exit."""
-    doc = evaluate(target, job, ctx)
+    doc, rows = evaluate_requests(target, job, ctx)
     text = json.dumps(doc, indent=2, default=str)
+    if job.get("per_request"):
+        from ..workload.request_record import write_jsonl
+        ctx.write_text("requests.jsonl", write_jsonl(rows))
     ctx.write_text("replay.json", text)
     ctx.write_text("metrics.json", text)
     _print(doc, job, ctx)
@@ -231,6 +234,12 @@ def run(target, job: dict, ctx: JobContext) -> float:
 
 
 def evaluate(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
+    """The metrics document of one deployment point (:func:`evaluate_requests` without the
+    per-request records)."""
+    return evaluate_requests(target, job, ctx)[0]
+
+
+def evaluate_requests(target, job: dict, ctx: JobContext) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
     """The metrics document (schema 2) of one deployment point, nothing written or printed.
 
     ``target``: a resolved record (``deploy=single``) or anything with ``servers`` holding a
@@ -342,7 +351,8 @@ def evaluate(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
                         "objective_value": float(value) if value is not None else float("nan")}
     from ..workload.metrics import flatten_metrics
     flatten_metrics(doc)        # the leaf names stay unique (raises otherwise: a bug, not an input)
-    return _ordered(doc, SCHEMA_VERSION)
+    from ..workload.request_record import predicted_requests
+    return _ordered(doc, SCHEMA_VERSION), predicted_requests(result)
 
 
 def _problem_from(message: str) -> Problem:

@@ -66,6 +66,7 @@ class ReplayJob:
     seed: int = 0                        # arrival spreading, routers' random choices, synthetic workload
     conversations: int = 200
     turns: int = 6
+    per_request: bool = False            # also write requests.jsonl: one predicted line per request
 
 
 @dataclass
