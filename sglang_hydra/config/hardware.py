@@ -93,6 +93,10 @@ class Hardware:
         ge=0.0)
     pass_overhead_us: float = arg(
         0.0, "Fixed microseconds per forward pass beyond its kernels (scheduling, sampling).", ge=0.0)
+    request_path_us: float = arg(
+        0.0, "Fixed microseconds a request spends outside forward passes before its first token reaches "
+        "the client (HTTP, tokenizer manager, IPC to the scheduler and back); job=calibrate measures it "
+        "through the engine. Added to TTFT and E2E, not to TPOT.", ge=0.0)
     disagg_prefill_pass_scale: float = arg(
         1.0, "Disaggregated deployments: every pass of a prefill server takes this many times its "
         "aggregated time (the KV send, bootstrap and transfer polling a PD prefill server adds); "

@@ -312,7 +312,8 @@ def build_deployment(inp: DeploymentInputs) -> BuiltDeployment:
         if inp.cache_mode == "full" and (group.servers * group.dp) > 1:
             raise ValueError("job.mode=full allocates real pools on this machine and runs one engine; "
                              "use parallel.dp_size=1 and deploy.workers=1 (or job.mode=sim)")
-        built.model = DeploymentModel("agg", {"agg": group}, router_policy=policy, gpus_per_node=gpn)
+        built.model = DeploymentModel("agg", {"agg": group}, router_policy=policy, gpus_per_node=gpn,
+                                      request_path_s=float(_get(hw, "request_path_us") or 0.0) * 1e-6)
         return built
     if inp.cache_mode == "full":
         raise ValueError("job.mode=full runs one aggregated engine; use job.mode=sim for deploy=pd")
@@ -329,5 +330,5 @@ def build_deployment(inp: DeploymentInputs) -> BuiltDeployment:
                          "of deploy=pd needs the NIC bandwidth per GPU (GB/s)")
     built.model = DeploymentModel("disagg", {"prefill": pre, "decode": dec}, router_policy=policy,
                                   transfer_backend=backend, nvlink_gbps=float(nvl or 0), nic_gbps=float(nic),
-                                  gpus_per_node=gpn)
+                                  gpus_per_node=gpn, request_path_s=float(_get(hw, "request_path_us") or 0.0) * 1e-6)
     return built

@@ -71,6 +71,7 @@ class DeploymentModel:
     nic_gbps: float = 0.0
     gpus_per_node: int = 8
     block_size: int = 512
+    request_path_s: float = 0.0                 # client <-> scheduler, before the first token (hardware.request_path_us)
 
     @property
     def gpus(self) -> int:
@@ -164,6 +165,7 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
                                  "policy needs the future of one engine's requests; it only runs on one engine")
             e.cache.policy.prepare([s.keys for s in sorted(sims, key=lambda s: s.arrival_s)])
     order = sorted(range(len(sims)), key=lambda i: arrivals[i])
+    path_s = model.request_path_s
     heap: List[tuple] = []
     seq = 0
     pending: Dict[int, Tuple[list, list]] = {}
@@ -233,7 +235,7 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
                 dserver_of[i] = d_router.pick(s, s.arrival_s)
             e = f_servers[si].pick(s)
             routed[i] = e
-            own_arrivals.setdefault(id(e), []).append(s.arrival_s)
+            own_arrivals.setdefault(id(e), []).append(s.arrival_s + path_s)
         own_next = {k: 0 for k in own_arrivals}
 
     def next_own(e: Engine) -> float:
@@ -273,7 +275,9 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
     check_every = max(1, n // 64)
     stopped_at = None
     ai = 0
-    next_arrival = [arrivals[i] for i in order] + [INF]    # by arrival order; INF once all have come
+    # a request reaches its engine request_path_s after the client sent it (arrival_s, the
+    # moment TTFT and E2E are measured from)
+    next_arrival = [arrivals[i] + path_s for i in order] + [INF]    # by arrival order; INF once all have come
     while True:
         ta = next_arrival[ai]
         th = heap[0][0] if heap else INF
@@ -351,9 +355,9 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
     if bar is not None:
         bar.close()
     # requests alone on an idle engine of their kind, with the hits they got
-    unloaded = [_unloaded_ttft(s, front.spec, back.spec if back is not None else None,
-                               link(s.engine, s.decode_engine) if back is not None and s.decode_engine is not None
-                               else None, kv_bytes)
+    unloaded = [path_s + _unloaded_ttft(s, front.spec, back.spec if back is not None else None,
+                                        link(s.engine, s.decode_engine) if back is not None
+                                        and s.decode_engine is not None else None, kv_bytes)
                 for s in sims]
     routers = {"front": f_router}
     if back is not None:
