@@ -246,3 +246,72 @@ def calibrate_on(url: str, record, base_hardware, maker, *, say: Callable[[str],
     say(f"fitted on {len(samples)} passes, worst error {cal.worst_error:.0%}")
     known = set(Hardware.__dataclass_fields__)
     return Hardware(**{k: v for k, v in cal.hardware.items() if k in known}), cal
+
+
+# --------------------------------------------------------------------------- job=calibrate via=engine
+def _sig(x: float) -> float:
+    return float(f"{float(x):.4g}")
+
+
+def preset_from(cal: Calibration, name: str, source: str) -> Dict[str, Any]:
+    """The preset to write: every hardware field of the calibration (fitted ones rounded)."""
+    from ..config.hardware import Hardware
+    known = list(Hardware.__dataclass_fields__)
+    out: Dict[str, Any] = {}
+    for k in known:
+        v = cal.hardware.get(k)
+        if k == "name":
+            v = name
+        elif k == "source":
+            v = source
+        elif isinstance(v, float):
+            v = _sig(v)
+        out[k] = v
+    return out
+
+
+def run_engine_calibration(record, job: dict, ctx) -> Dict[str, Any]:
+    """``job=calibrate`` through the real engine: launch, warm up, measure, fit, write the preset."""
+    import json
+    import sys
+
+    import yaml
+    from ..workload.token_ids import TokenMaker
+    from .engine_client import Planned, flush_cache, run_requests
+    from .launch import running_deployment
+    say = (lambda text: print(f"calibrate: {text}", file=sys.stderr, flush=True))
+    maker = TokenMaker(int(getattr(record, "vocab_size", 0) or 32000))
+    base = getattr(ctx, "hardware", None)
+    name = job.get("preset_name") or "local_engine"
+    with running_deployment(record, job, ctx, say=say) as dep:
+        url = dep.worker_urls[0]
+        run_requests(url, [Planned(-1 - i, maker.unique(n, tag=i), 2) for i, n in enumerate((32, 256, 1024))])
+        flush_cache(url)
+        hw, cal = calibrate_on(url, record, base, maker, say=say)
+    source = (f"job=calibrate via the engine on this machine, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+              f"matmul rate, copy bandwidth and kernel floors measured with torch; gemm/attention efficiencies, "
+              f"pass overhead and request path fitted to {len(cal.samples)} passes of the real SGLang server "
+              f"({getattr(record, 'model_path', '?')}), worst error {cal.worst_error:.0%}")
+    preset = preset_from(cal, name, source)
+    out_dir = ctx.out_dir()
+    header = (f"# Written by sglang-hydra job=calibrate (via the engine).\n"
+              f"# Use: sglang-hydra hydra.searchpath=[file://{out_dir.resolve()}] hardware={name} ...\n")
+    ctx.write_text(f"hardware/{name}.yaml", header + yaml.safe_dump(preset, sort_keys=False))
+    checks = [{"kind": s.kind, "new_tokens": s.new, "cached_tokens": s.cached, "batch": s.batch,
+               "context": s.context, "measured_ms": s.seconds * 1000,
+               "predicted_ms": s.seconds * (1 + e) * 1000, "error_pct": 100 * e}
+              for s, e in zip(cal.samples, cal.errors)]
+    result = {"via": "engine", "preset": preset, "preset_path": str(out_dir / "hardware" / f"{name}.yaml"),
+              "checks": checks, "max_abs_error_pct": 100 * cal.worst_error}
+    ctx.write_text("calibrate.json", json.dumps(result, indent=2))
+    if job.get("format") == "json":
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{'pass':>8} {'new':>6} {'cached':>7} {'batch':>6} {'context':>8} {'predicted ms':>13} "
+              f"{'measured ms':>12} {'error %':>8}")
+        for c in checks:
+            print(f"{c['kind']:>8} {c['new_tokens']:>6} {c['cached_tokens']:>7} {c['batch']:>6} {c['context']:>8} "
+                  f"{c['predicted_ms']:>13.2f} {c['measured_ms']:>12.2f} {c['error_pct']:>8.1f}")
+        print(f"wrote {result['preset_path']}")
+        print(f"use it: sglang-hydra hydra.searchpath=[file://{out_dir.resolve()}] hardware={name} ...")
+    return result
