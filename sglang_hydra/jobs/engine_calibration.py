@@ -94,14 +94,15 @@ def measure_ceilings(device: str = "cpu", repeats: int = 5) -> Dict[str, float]:
     import torch
     dev = torch.device(device)
     sync = (torch.cuda.synchronize if dev.type == "cuda" else (lambda: None))
-    n = 4096 if dev.type == "cuda" else 1024
-    a = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
-    b = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
+    flops = 0.0
+    for n in ((2048, 4096, 8192) if dev.type == "cuda" else (256, 512, 1024)):    # the best size is the peak
+        a = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
+        b = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
 
-    def mm():
-        a @ b
-        sync()
-    flops = 2.0 * n ** 3 / _median_time(mm, repeats)
+        def mm():
+            a @ b
+            sync()
+        flops = max(flops, 2.0 * n ** 3 / _median_time(mm, repeats))
     big = torch.empty(64 * 2 ** 20 if dev.type == "cpu" else 512 * 2 ** 20, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(big)
 
@@ -128,7 +129,7 @@ def measure_ceilings(device: str = "cpu", repeats: int = 5) -> Dict[str, float]:
 
 # --------------------------------------------------------------------------- the engine's passes
 def measure_engine(url: str, maker, *, max_tokens: int, say: Callable[[str], None] = lambda s: None,
-                   repeats: int = 3) -> List[Sample]:
+                   repeats: int = 5) -> List[Sample]:
     """Prefill and decode samples from the server at ``url`` (module doc); ``max_tokens``: the
     largest prompt + output the server takes."""
     from .engine_client import Planned, run_requests
@@ -222,7 +223,8 @@ def fit_profile(record, base: Dict[str, Any], ceilings: Dict[str, float], sample
         return [(predict(model, s, path) - s.seconds) / s.seconds for s in samples]
 
     def loss(x) -> float:
-        return sum(e * e for e in errors(params(x)))
+        # squared log ratio: over- and under-prediction by the same factor cost the same
+        return sum(math.log1p(e) ** 2 if e > -1 else 1e6 for e in errors(params(x)))
 
     x = minimise(loss, [0.0] * len(names), steps=steps)
     best = params(x)

@@ -43,7 +43,7 @@ PACINGS = ("sequential", "trace", "rate")
 #: sequential pacing: predicted arrivals this far apart, so each request runs alone in the replay too
 SEQUENTIAL_GAP_MS = 1.0e7
 #: warm-up prompt lengths (tokens): the first requests after start are slow (lazy initialisation)
-WARMUP_LENGTHS = (32, 256, 1024)
+WARMUP_LENGTHS = (16, 64, 256, 1024, 4096, 16, 64, 256, 1024, 4096)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -237,7 +237,11 @@ def run(target, job: dict, ctx: JobContext) -> int:
     # ---- the engine
     say = (lambda text: print(f"validate: {text}", file=sys.stderr, flush=True))
     calibration = None
-    measured, router_counts = _serve(target, job, ctx, plan, maker, say)
+    try:
+        measured, router_counts = _serve(target, job, ctx, plan, maker, say)
+    except (OSError, RuntimeError) as exc:
+        print(f"sglang-hydra: validate: the engine failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     if isinstance(measured, tuple):
         measured, calibration = measured
     worker_names = {v: v for v in {m.weight_version for m in measured if m.weight_version}}
@@ -277,11 +281,38 @@ def _title(record, job, ctx) -> str:
     return f"{getattr(record, 'model_path', 'model')} on {hw}: {job['pacing']} pacing"
 
 
+class _Running:
+    """A deployment that already runs at ``job.url`` (nothing launched, nothing stopped)."""
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+        self.worker_urls = [self.url]
+        self.router_metrics_url = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _deployment(target, job, ctx, say):
+    if job.get("url"):
+        return _Running(job["url"])
+    from .launch import running_deployment
+    return running_deployment(target, job, ctx, label_servers=True, say=say)
+
+
 def _serve(target, job, ctx, plan, maker, say):
     """Launch (or reach), warm up, flush, send, stop.  Returns (measured, router counts)."""
     from .engine_client import Planned, flush_cache, run_requests
-    from .launch import running_deployment, router_worker_counts
-    with running_deployment(target, job, ctx, label_servers=True, say=say) as dep:
+    from .engine_client import get_json
+    with _deployment(target, job, ctx, say) as dep:
+        for url in dict.fromkeys([dep.url] + list(dep.worker_urls)):
+            try:
+                get_json(url, "/health", timeout=10)
+            except (OSError, RuntimeError) as exc:
+                raise RuntimeError(f"no server answers at {url}/health ({exc})") from None
         say(f"warming up {dep.url} ...")
         warm = [Planned(-1 - i, maker.unique(n, tag=i), 2) for i, n in enumerate(WARMUP_LENGTHS)]
         for url in dep.worker_urls:
@@ -294,7 +325,7 @@ def _serve(target, job, ctx, plan, maker, say):
             calibration = calibrate_on(dep.worker_urls[0], _front_record(target), ctx.hardware, maker, say=say)
             for url in dep.worker_urls:
                 flush_cache(url)
-        before = router_worker_counts(dep) if dep.router_metrics_url else None
+        before = dep.worker_counts() if dep.router_metrics_url else None
         say(f"sending {len(plan)} requests ({job['pacing']} pacing) ...")
         t0 = time.monotonic()
         measured = run_requests(dep.url, plan, pacing="sequential" if job["pacing"] == "sequential" else "scheduled",
@@ -302,7 +333,7 @@ def _serve(target, job, ctx, plan, maker, say):
         say(f"served in {time.monotonic() - t0:.1f} s")
         counts = None
         if before is not None:
-            after = router_worker_counts(dep)
+            after = dep.worker_counts()
             counts = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     return ((measured, calibration) if calibration is not None else measured), counts
 
