@@ -242,10 +242,8 @@ def run(target, job: dict, ctx: JobContext) -> int:
     except (OSError, RuntimeError) as exc:
         print(f"sglang-hydra: validate: the engine failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    if isinstance(measured, tuple):
-        measured, calibration = measured
-    worker_names = {v: v for v in {m.weight_version for m in measured if m.weight_version}}
-    meas_rows = measured_rows(measured, send_ms, worker_names)
+    measured, calibration, sim_names = measured
+    meas_rows = measured_rows(measured, send_ms, sim_names)
     ctx.write_text("measured.jsonl", write_jsonl(meas_rows))
 
     # ---- the prediction, on the same record, deployment and hardware
@@ -282,11 +280,13 @@ def _title(record, job, ctx) -> str:
 
 
 class _Running:
-    """A deployment that already runs at ``job.url`` (nothing launched, nothing stopped)."""
+    """A deployment that already runs at ``job.url`` (nothing launched, nothing stopped): one
+    server as far as the client knows."""
 
     def __init__(self, url: str):
         self.url = url.rstrip("/")
         self.worker_urls = [self.url]
+        self.worker_names: List[str] = []
         self.router_metrics_url = None
 
     def __enter__(self):
@@ -303,8 +303,21 @@ def _deployment(target, job, ctx, say):
     return running_deployment(target, job, ctx, label_servers=True, say=say)
 
 
+def simulation_names(target, launched_names: Sequence[str]) -> Dict[str, str]:
+    """Each launched server's name -> the name the replay gives the same server (``agg0``,
+    ``agg1``, ...; ``prefill0``... in PD), by their order in the deployment."""
+    pd = getattr(target, "name", None) == "pd"
+    out, count = {}, {}
+    for name in launched_names:
+        role = ("prefill" if name.startswith("prefill") else "decode") if pd else "agg"
+        out[name] = f"{role}{count.get(role, 0)}"
+        count[role] = count.get(role, 0) + 1
+    return out
+
+
 def _serve(target, job, ctx, plan, maker, say):
-    """Launch (or reach), warm up, flush, send, stop.  Returns (measured, router counts)."""
+    """Launch (or reach), warm up, flush, send, stop.  Returns ((measured, calibration or None,
+    launched server name -> replay name), router counts by replay name)."""
     from .engine_client import Planned, flush_cache, run_requests
     from .engine_client import get_json
     with _deployment(target, job, ctx, say) as dep:
@@ -322,7 +335,7 @@ def _serve(target, job, ctx, plan, maker, say):
         if job.get("calibrate"):
             from .engine_calibration import calibrate_on
             say("calibrating this machine's pass-time model on the engine ...")
-            calibration = calibrate_on(dep.worker_urls[0], _front_record(target), ctx.hardware, maker, say=say)
+            calibration, _fit = calibrate_on(dep.worker_urls[0], _front_record(target), ctx.hardware, maker, say=say)
             for url in dep.worker_urls:
                 flush_cache(url)
         before = dep.worker_counts() if dep.router_metrics_url else None
@@ -331,11 +344,14 @@ def _serve(target, job, ctx, plan, maker, say):
         measured = run_requests(dep.url, plan, pacing="sequential" if job["pacing"] == "sequential" else "scheduled",
                                 timeout=float(job.get("request_timeout", 600.0)))
         say(f"served in {time.monotonic() - t0:.1f} s")
+        names = simulation_names(target, dep.worker_names)
+        if not names:      # a running server reached by URL: whatever it calls itself is the one server
+            names = {v: "agg0" for v in {m.weight_version for m in measured if m.weight_version}}
         counts = None
         if before is not None:
             after = dep.worker_counts()
-            counts = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    return ((measured, calibration) if calibration is not None else measured), counts
+            counts = {names.get(k, k): after.get(k, 0) - before.get(k, 0) for k in after}
+    return (measured, calibration, names), counts
 
 
 def _print(summary: Dict[str, Any], job: dict, out) -> None:
