@@ -27,10 +27,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hydra.experimental.callback import Callback
 
-from ..config.objectives import MINIMIZE, OBJECTIVES
+from ..config.objectives import MINIMIZE
 from ..utils.numbers import fmt_number
 from .context import atomic_write
-from .sweep_points import (DEGRADED_STATES, FAILED_STATES, collect, flatten_metrics, metric_label, number,
+from .sweep_points import (FAILED_STATES, collect, flatten_metrics, metric_label, number,
                            objective_of, pick_best, tied_points, value_text)
 
 __all__ = ["SweepSummary", "mark_failed_trial", "write_summary", "write_best_config", "table_columns",
@@ -215,7 +215,7 @@ def write_summary(sweep_dir: Path, *, plots: bool = True, report: bool = False,
             plot_summary(sweep_dir, rows, swept)
             if (sweep_dir / "summary.png").exists():
                 written.append("summary.png")
-            if plot_pareto(sweep_dir, rows, swept):
+            if plot_pareto(sweep_dir, rows, swept) is not None:
                 written.append("pareto.png")
         else:     # resolve/plan sweeps: the table is the answer; an empty chart is not
             (sweep_dir / "summary.png").unlink(missing_ok=True)

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..config.objectives import MINIMIZE, OBJECTIVES
-from ..utils.numbers import fmt_number
+from ..utils.numbers import fmt_gb, fmt_number
 from .sweep_points import (DEGRADED_STATES, FAILED_STATES, METRIC_LABELS, context_title, direction_of, metric_label,
                            number, objective_of, pick_best, point_label, short_key, tied_points, value_text)
-from .sweep_points import saved_file  # noqa: F401  (context of a point's saved config)
 
 def _axes_of(rows, swept) -> Tuple[Optional[str], List[str]]:
     """The numeric swept key for x (the one with most distinct values) and the categorical keys."""
@@ -91,7 +90,70 @@ def _clip_top(rows, metric: str, scale: float) -> Optional[float]:
     return max(good) * scale * 1.35
 
 
-def plot_summary(sweep_dir: Path, rows, swept) -> None:
+#: markers for series that share points: each later one is smaller and drawn on top, so all show
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+#: dash patterns for a line that lies on an earlier one (the earlier colour shows in its gaps)
+_DASHES = ((0, (5, 4)), (0, (2, 3)), (0, (7, 3, 1, 3)), (0, (1, 2)))
+
+
+@dataclass
+class SeriesData:
+    """One drawn series: its legend label, its (x, y) points as drawn (chart units) and, when its
+    points are those of an earlier series, that series' label (it is then drawn smaller on top)."""
+    label: str
+    points: List[Tuple[float, float]]
+    marker: str = "o"
+    same_as: Optional[str] = None
+
+
+@dataclass
+class PanelData:
+    """One panel as a reader sees it: what its axes say, its series, the best mark (or why none)."""
+    metric: str
+    title: str
+    xlabel: str
+    ylabel: str
+    series: List[SeriesData] = field(default_factory=list)
+    best: Optional[Tuple[float, float]] = None
+    flat: bool = False
+    notes: List[str] = field(default_factory=list)
+
+
+@dataclass
+class ChartData:
+    """A chart written to ``path``: its title and panels (what tests check instead of bytes)."""
+    path: Path
+    title: str
+    panels: List[PanelData] = field(default_factory=list)
+
+
+def is_flat(values: Sequence[float], rel: float = 1e-3) -> bool:
+    """All values equal within ``rel`` of the largest: a panel with nothing to pick."""
+    vals = [v for v in values if v is not None]
+    if len(vals) < 2:
+        return False
+    top = max(abs(v) for v in vals)
+    return max(vals) - min(vals) <= rel * top
+
+
+def coinciding(series: Sequence[Tuple[str, List[Tuple[float, float]]]], y_tol: float = 0.0) -> Dict[str, str]:
+    """label -> the first earlier label whose points this series' points would hide: the same x
+    values and every y within ``y_tol`` (half a percent of the panel's height hides a marker)."""
+    out: Dict[str, str] = {}
+    for i, (lab, pts) in enumerate(series):
+        for other, opts in series[:i]:
+            if other in out or len(opts) != len(pts) or not pts:
+                continue
+            if all(math.isclose(a[0], b[0], rel_tol=1e-9, abs_tol=1e-12)
+                   and abs(a[1] - b[1]) <= max(y_tol, 1e-12 * abs(a[1])) for a, b in zip(pts, opts)):
+                out[lab] = other
+                break
+    return out
+
+
+def plot_summary(sweep_dir: Path, rows, swept) -> Optional[ChartData]:
+    """Draw summary.png: one panel per key result against the swept numeric key, one series per
+    categorical choice.  Returns what it drew (None, and no file, when no point has a figure)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -102,76 +164,96 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
     panels = _panels(rows)
     if not panels:      # no point has a figure to draw (all failed or infeasible): the tables say why
         (sweep_dir / "summary.png").unlink(missing_ok=True)
-        return
+        return None
     groups = _series(rows, x_key, cats)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 5.0), squeeze=False)
     failed = [r for r in rows if r.get("status") in FAILED_STATES]
     saturated = [r for r in rows if r.get("status") == "saturated"]
     rejecting = [r for r in rows if (number(r.get("rejected_requests")) or 0) > 0 or r.get("status") == "rejected"]
+    chart = ChartData(path=sweep_dir / "summary.png", title="")
     headline = ""
     for ax, metric in zip(axes[0], panels):
         name, unit, scale = metric_label(metric, rows)
         top = _clip_top(rows, metric, scale)
-        for gi, (label, pts) in enumerate(groups.items()):
-            c = colors[gi % len(colors)]
-            ok = [(x, number(r.get(metric)), r) for x, r in pts
+        better = "lower" if direction_of(metric, rows) == MINIMIZE else "higher"
+        panel = PanelData(metric=metric, title=f"{name} ({better} is better)", ylabel=f"{name} ({unit})",
+                          xlabel=x_key or "point")
+        drawn = []
+        for label, pts in groups.items():
+            ok = [(x, number(r.get(metric)) * scale, r) for x, r in pts
                   if r.get("status") not in FAILED_STATES and number(r.get(metric)) is not None]
-            style = "-" if len(ok) <= 12 else ""
-            if ok:
-                ax.plot([x for x, _, _ in ok], [y * scale for _, y, _ in ok], style, color=c, label=label, lw=1.5)
-                marks: Dict[Tuple[str, bool], List[Tuple[float, float]]] = {}
-                for x, y, r in ok:    # ok points filled; saturated or rejecting points hollow
-                    degraded = r.get("status") in DEGRADED_STATES or (number(r.get("rejected_requests")) or 0) > 0
-                    off = top is not None and y * scale > top
-                    marks.setdefault(("^" if off else "o", degraded), []).append(
-                        (x, min(y * scale, top * 0.97) if off else y * scale))
-                for (marker, degraded), xy in marks.items():    # one artist per kind keeps drawing fast
-                    ax.plot([p[0] for p in xy], [p[1] for p in xy], marker, ls="none", ms=6, color=c,
-                            mfc="white" if degraded else c, mew=1.5, clip_on=False)
-                for x, y, r in ok:
-                    off = top is not None and y * scale > top
-                    notes = []
-                    if r.get("status") == "saturated":
-                        notes.append("saturated" + (f": {fmt_number(y * scale)} {unit} (off the scale)" if off else ""))
-                    if (number(r.get("rejected_requests")) or 0) > 0:
-                        notes.append(f"{int(number(r.get('rejected_requests'))):,} rejected")
-                    if notes:
-                        ax.annotate(", ".join(notes), (x, min(y * scale, top * 0.97) if off else y * scale),
-                                    textcoords="offset points", xytext=(5, -10 if off else 5), fontsize=7,
-                                    color="0.3")
+            drawn.append((label, [(x, y) for x, y, _ in ok], ok))
+        tallest = max((abs(y) for _, xy, _ in drawn for _, y in xy), default=0.0)
+        same = coinciding([(lab, xy) for lab, xy, _ in drawn], y_tol=0.005 * tallest)
+        depths = _depths([lab for lab, _, _ in drawn], same)
+        for gi, (label, xy, ok) in enumerate(drawn):
+            c = colors[gi % len(colors)]
+            depth = depths[label]                   # 0: first of its points; 1, 2...: drawn smaller on top
+            marker = _MARKERS[depth % len(_MARKERS)]
+            size = max(3.0, 7.0 - 1.6 * depth)
+            series = SeriesData(label=label, points=xy, marker=marker, same_as=same.get(label))
+            panel.series.append(series)
+            if not ok:
+                continue
+            legend = label + (f" (overlaps {same[label]}: drawn smaller on top)" if label in same else "")
+            style = ("-" if depth == 0 else _DASHES[(depth - 1) % len(_DASHES)]) if len(ok) <= 12 else "none"
+            ax.plot([x for x, _ in xy], [y for _, y in xy], ls=style, color=c, lw=1.5, zorder=2 + depth)
+            ax.plot([], [], ls="-" if style == "none" else style, color=c, lw=1.5, marker=marker, ms=size,
+                    label=legend)        # the legend shows the line and the marker of the series
+            marks: Dict[Tuple[str, bool], List[Tuple[float, float]]] = {}
+            for x, y, r in ok:    # ok points filled; saturated or rejecting points hollow
+                degraded = r.get("status") in DEGRADED_STATES or (number(r.get("rejected_requests")) or 0) > 0
+                off = top is not None and y > top
+                marks.setdefault(("^" if off else marker, degraded), []).append((x, min(y, top * 0.97) if off else y))
+            for (mk, degraded), pxy in marks.items():    # one artist per kind keeps drawing fast
+                ax.plot([p[0] for p in pxy], [p[1] for p in pxy], mk, ls="none", ms=size, color=c,
+                        mfc="white" if degraded else c, mew=1.5, clip_on=False, zorder=3 + depth)
+            for x, y, r in ok:
+                off = top is not None and y > top
+                notes = []
+                if r.get("status") == "saturated":
+                    notes.append("saturated" + (f": {fmt_number(y)} {unit} (off the scale)" if off else ""))
+                if (number(r.get("rejected_requests")) or 0) > 0:
+                    notes.append(f"{int(number(r.get('rejected_requests'))):,} rejected")
+                if notes and depth == 0:
+                    ax.annotate(", ".join(notes), (x, min(y, top * 0.97) if off else y),
+                                textcoords="offset points", xytext=(5, -10 if off else 5), fontsize=7,
+                                color="0.3")
             if metric == "token_hit_rate":
-                dev = [(x, number(r.get("device_hit_rate"))) for x, r in pts
+                dev = [(x, number(r.get("device_hit_rate"))) for x, r in groups[label]
                        if r.get("status") not in FAILED_STATES and number(r.get("device_hit_rate")) is not None]
-                if dev and any(number(r.get("host_hit_rate")) or number(r.get("storage_hit_rate")) for _, r in pts):
-                    ax.plot([x for x, _ in dev], [y * scale for _, y in dev], "--", color=c, alpha=0.8, lw=1.2)
-            for x, r in [(x, r) for x, r in pts if r.get("status") in FAILED_STATES]:
+                if dev and any(number(r.get("host_hit_rate")) or number(r.get("storage_hit_rate"))
+                               for _, r in groups[label]):
+                    ax.plot([x for x, _ in dev], [y * scale for _, y in dev], ls=(0, (4, 2 + 2 * depth)), color=c,
+                            alpha=0.8, lw=1.2, zorder=2 + depth)
+            for x, r in [(x, r) for x, r in groups[label] if r.get("status") in FAILED_STATES]:
                 y = number(r.get(metric))
                 if y is not None:      # infeasible: its value is known, mark it
                     ax.plot([x], [y * scale], "x", color="red", ms=10, mew=2)
                 elif x_key:
                     ax.axvline(x, color="red", alpha=0.2, lw=6)
-        if metric != "token_hit_rate" or objective == "token_hit_rate":
+        if same:
+            panel.notes += [f"{lab} overlaps {other}" for lab, other in same.items()]
+        values = [y for s_ in panel.series for _, y in s_.points]
+        panel.flat = is_flat(values)
+        if panel.flat:         # nothing to pick: say so instead of starring one point
+            panel.notes.append(f"every point: {fmt_number(values[0])} {unit}; the swept settings do not change it")
+            ax.text(0.5, 0.5, f"every point: {fmt_number(values[0])} {unit}\n(no best: the swept settings do not "
+                    "change it)", transform=ax.transAxes, ha="center", va="bottom", fontsize=9, color="0.25",
+                    bbox=dict(boxstyle="round", fc="white", ec="0.7", alpha=0.9))
+        elif metric != "token_hit_rate" or objective == "token_hit_rate":
             best, _note = pick_best(rows, metric, direction_of(metric, rows))
             if best is not None:
                 bx = number(best["_overrides"].get(x_key)) if x_key else float(rows.index(best))
                 by = number(best.get(metric)) * scale
-                ax.plot([bx], [by], marker="*", ms=18, color="gold", mec="black", zorder=5, ls="none",
+                panel.best = (bx, by)
+                ax.plot([bx], [by], marker="*", ms=18, color="gold", mec="black", zorder=9, ls="none",
                         label=f"best: {fmt_number(by)} {unit}")
-                if metric == panels[0]:
-                    ties = tied_points(rows, best, metric)
-                    if ties and ties + 1 == len([r for r in rows if r.get("status") == best.get("status")]):
-                        headline = (f"every point gives the same {name} ({fmt_number(by)} {unit}): the swept settings "
-                                    "make no difference to it here")
-                    else:
-                        headline = f"best {name}: {fmt_number(by)} {unit} at {point_label(best, swept)}"
-                        if ties:
-                            headline += f" (tied with {ties} other point{'s' if ties > 1 else ''})"
-                    if best.get("status") != "ok":
-                        headline += f" ({best['status']}: no point is ok)"
-        better = "lower" if direction_of(metric, rows) == MINIMIZE else "higher"
-        ax.set_title(f"{name} ({better} is better)", fontsize=10)
-        ax.set_ylabel(f"{name} ({unit})")
+        if metric == panels[0]:
+            headline = _headline(rows, metric, name, unit, scale, swept, panel.flat, values)
+        ax.set_title(panel.title, fontsize=10)
+        ax.set_ylabel(panel.ylabel)
         # from zero, with headroom above the highest point so the legend (upper right) covers none
         ax.set_ylim(0, ax.dataLim.y1 * 1.3 if ax.dataLim.y1 > 0 else None)
         if top is not None:
@@ -186,8 +268,9 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
             if len(xs) <= 10:
                 host = _host_by_x(rows, x_key)
                 if host:   # the price of each x, when x alone decides it
-                    ax.set_xticks(xs, [f"{value_text(x)}\n{host[x]:,.0f} GB host" for x in xs], fontsize=8)
-                    ax.set_xlabel(f"{x_key} (host memory below each value)")
+                    ax.set_xticks(xs, [f"{value_text(x)}\n{fmt_gb(host[x])} host" for x in xs], fontsize=8)
+                    panel.xlabel = f"{x_key} (host memory below each value)"
+                    ax.set_xlabel(panel.xlabel)
                 else:
                     ax.set_xticks(xs, [value_text(x) for x in xs], fontsize=9)
         else:
@@ -204,6 +287,7 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8, loc="best")
+        chart.panels.append(panel)
     title = context_title(rows) + f"  |  {len(rows)} points"
     if failed:
         title += f", {len(failed)} failed or infeasible (red: x = over budget, band = failed; see failed.csv)"
@@ -222,10 +306,41 @@ def plot_summary(sweep_dir: Path, rows, swept) -> None:
         scale = math.ceil(max(loads) * 1.25 * 10) / 10 * (number(rows[0].get("time_scale")) or 1.0)
         title += (f"\nwarning: requests need up to {max(loads):.1f}x the time one prefill engine has, so TTFT is "
                   f"backlog that grows with trace length; job.time_scale={scale:g} replays the trace slower")
-    fig.suptitle(_wrap(title, fig), fontsize=10)
+    chart.title = _wrap(title, fig)
+    fig.suptitle(chart.title, fontsize=10)
     fig.tight_layout()
-    _save(fig, sweep_dir / "summary.png")
+    _save(fig, chart.path)
     plt.close(fig)
+    return chart
+
+
+def _depths(labels: Sequence[str], same: Dict[str, str]) -> Dict[str, int]:
+    """label -> how many earlier series have its points (0: none; it is drawn that much smaller)."""
+    seen: Dict[str, int] = {}
+    out = {}
+    for lab in labels:
+        root = same.get(lab, lab)
+        out[lab] = seen.get(root, 0)
+        seen[root] = out[lab] + 1
+    return out
+
+
+def _headline(rows, metric, name, unit, scale, swept, flat, values) -> str:
+    """The first panel's verdict: the best point, or that every point gives the same value."""
+    if flat and values:
+        return (f"every point gives the same {name} ({fmt_number(values[0])} {unit}): the swept settings "
+                "make no difference to it here")
+    best, _note = pick_best(rows, metric, direction_of(metric, rows))
+    if best is None:
+        return ""
+    by = number(best.get(metric)) * scale
+    text = f"best {name}: {fmt_number(by)} {unit} at {point_label(best, swept)}"
+    ties = tied_points(rows, best, metric)
+    if ties:
+        text += f" (tied with {ties} other point{'s' if ties > 1 else ''})"
+    if best.get("status") != "ok":
+        text += f" ({best['status']}: no point is ok)"
+    return text
 
 
 def _wrap(title: str, fig) -> str:
@@ -280,12 +395,14 @@ def pareto_axes(rows) -> Optional[Tuple[str, str]]:
     return None
 
 
-def plot_pareto(sweep_dir: Path, rows, swept) -> bool:
-    """Draw pareto.png; False (and no file) when the points have no pair of figures to trade."""
+def plot_pareto(sweep_dir: Path, rows, swept) -> Optional[ChartData]:
+    """Draw pareto.png and return what it drew; None (and no file) when the points have no pair
+    of figures to trade.  A point on (or within 1 % of the axes of) a point of an earlier series
+    is drawn smaller, with another marker, on top, and the legend says which series overlap."""
     axes_pair = pareto_axes(rows)
     if axes_pair is None:
         (sweep_dir / "pareto.png").unlink(missing_ok=True)
-        return False
+        return None
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -301,21 +418,47 @@ def plot_pareto(sweep_dir: Path, rows, swept) -> bool:
     fig, ax = plt.subplots(figsize=(7.5, 5.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     labels = _ordered_labels(rows, cats)
-    kinds: Dict[Tuple[str, str], List[Tuple[float, float]]] = {}
-    for r in pts:     # one artist per label and kind keeps drawing fast
-        kind = "infeasible" if r["status"] == "infeasible" else ("hollow" if r["status"] in DEGRADED_STATES else "ok")
-        kinds.setdefault((point_label(r, cats), kind), []).append((number(r[xm]) * xs, number(r[ym]) * ys))
-    for (lab, kind), xy in kinds.items():
+    xy_of = {id(r): (number(r[xm]) * xs, number(r[ym]) * ys) for r in pts}
+    span = (max((p[0] for p in xy_of.values()), default=0.0) or 1.0, max((p[1] for p in xy_of.values()), default=0.0)
+            or 1.0)
+    chart = ChartData(path=sweep_dir / "pareto.png", title="")
+    panel = PanelData(metric=f"{ym} vs {xm}", title="", xlabel=f"{xname} ({xunit})", ylabel=f"{yname} ({yunit})")
+    placed: List[Tuple[float, float, str]] = []        # (x, y, label) of points already drawn
+    overlaps: Dict[str, str] = {}
+    kinds: Dict[Tuple[str, str, int], List[Tuple[float, float]]] = {}
+    for lab in labels:       # series in order; a point on an earlier series' point goes one size down
+        mine = [r for r in pts if point_label(r, cats) == lab]
+        series = SeriesData(label=lab, points=[xy_of[id(r)] for r in mine if r["status"] != "infeasible"])
+        depth_here = []
+        for r in mine:
+            x, y = xy_of[id(r)]
+            under = [q for q in placed if q[2] != lab and abs(q[0] - x) <= 0.01 * span[0]
+                     and abs(q[1] - y) <= 0.01 * span[1]]
+            if under and r["status"] != "infeasible":
+                overlaps.setdefault(lab, under[0][2])
+            depth = len({q[2] for q in under})
+            depth_here.append(depth)
+            kind = "infeasible" if r["status"] == "infeasible" else ("hollow" if r["status"] in DEGRADED_STATES else "ok")
+            kinds.setdefault((lab, kind, depth), []).append((x, y))
+        placed += [(*xy_of[id(r)], lab) for r in mine]
+        series.same_as = overlaps.get(lab)
+        series.marker = _MARKERS[0]
+        panel.series.append(series)
+    for (lab, kind, depth), pxy in kinds.items():     # one artist per label, kind and depth keeps drawing fast
         c = colors[labels.index(lab) % len(colors)]
         if kind == "infeasible":
-            ax.plot([p[0] for p in xy], [p[1] for p in xy], "x", ls="none", color="red", ms=9)
+            ax.plot([p[0] for p in pxy], [p[1] for p in pxy], "x", ls="none", color="red", ms=9)
         else:
-            ax.plot([p[0] for p in xy], [p[1] for p in xy], "o", ls="none", color=c,
-                    mfc="white" if kind == "hollow" else c, mew=1.5)
+            ax.plot([p[0] for p in pxy], [p[1] for p in pxy], _MARKERS[depth % len(_MARKERS)], ls="none", color=c,
+                    ms=max(3.0, 7.0 - 1.6 * depth), mfc="white" if kind == "hollow" else c, mew=1.5,
+                    zorder=3 + depth)
     shown = {point_label(r, cats) for r in pts if r["status"] != "infeasible"}
     for lab in labels:
         if lab in shown:
-            ax.plot([], [], "o", color=colors[labels.index(lab) % len(colors)], label=lab)
+            note = f" (overlaps {overlaps[lab]}: drawn smaller on top)" if lab in overlaps else ""
+            ax.plot([], [], _MARKERS[1] if lab in overlaps else _MARKERS[0], ls="none",
+                    color=colors[labels.index(lab) % len(colors)], label=lab + note)
+    panel.notes += [f"{lab} overlaps {other}" for lab, other in overlaps.items()]
     feasible = [r for r in pts if r["status"] not in ("infeasible",) + DEGRADED_STATES]
     idx = pareto_front([(number(r[xm]), number(r[ym])) for r in feasible], dirs)
     front = sorted((feasible[i] for i in idx), key=lambda r: number(r[xm]))
@@ -345,13 +488,15 @@ def plot_pareto(sweep_dir: Path, rows, swept) -> bool:
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_formatter(matplotlib.ticker.FuncFormatter(_tick))
     what = "memory vs latency" if xm == "host_memory_gb" else "throughput per GPU vs speed per user"
-    ax.set_title(_wrap(f"{what}  |  {context_title(rows)}", fig), fontsize=10)
+    chart.title = panel.title = _wrap(f"{what}  |  {context_title(rows)}", fig)
+    ax.set_title(chart.title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    _save(fig, sweep_dir / "pareto.png")
+    _save(fig, chart.path)
     plt.close(fig)
-    return True
+    chart.panels.append(panel)
+    return chart
 
 
 def _save(fig, path: Path) -> None:

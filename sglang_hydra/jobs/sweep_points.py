@@ -15,7 +15,7 @@ import functools
 import json
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..config.objectives import MINIMIZE, OBJECTIVES
 from .override_values import plain_overrides
