@@ -167,7 +167,7 @@ def test_operator_question_sim_sweep_on_target_hardware(tmp_path):
     rows = rows_of(sweep / "summary.csv")
     assert len(rows) == 4 and all(row["status"] == "ok" for row in rows)
     for row in rows:
-        assert json.loads((sweep / row["run"] / "replay.json").read_text())["deployment"]["cache_mode"] == "sim"
+        assert json.loads((sweep / row["run"] / "metrics.json").read_text())["deployment"]["cache_mode"] == "sim"
         assert 0 < float(row["ttft_p50_ms"]) <= float(row["ttft_p90_ms"]) <= float(row["ttft_p99_ms"])
         total = float(row["device_hit_rate"]) + float(row["host_hit_rate"]) + float(row["storage_hit_rate"])
         assert total == pytest.approx(float(row["token_hit_rate"]))
@@ -181,7 +181,7 @@ def test_operator_question_sim_sweep_on_target_hardware(tmp_path):
     assert str(cfg["memory.hicache_ratio"]) == best["memory.hicache_ratio"]
     for png in ("summary.png", "pareto.png"):
         assert (sweep / png).stat().st_size > 10_000
-    assert json.loads((sweep / "0" / "replay.json").read_text())["assumptions"]
+    assert json.loads((sweep / "0" / "metrics.json").read_text())["assumptions"]
 
 
 # ----------------------------------------------------------------------------- summary, in process
