@@ -552,11 +552,14 @@ _LAYOUT_KEYS = ("workers", "tp", "prefill_workers", "prefill_tp", "decode_worker
 #: internal ranking figures that are not outputs (``closest``: how far from the SLA, floored at 10
 #: for a point that is not ok, only to name the nearest miss when none meets the SLA)
 _INTERNAL_KEYS = ("closest",)
+#: row keys named as job=replay's metrics.json names the same quantity (one name per quantity)
+_OUTPUT_NAMES = {"policy": "eviction_policy", "goodput_share": "sla_met_share", "requests": "requests_total"}
 
 
 def output_row(row: Dict[str, Any]) -> Dict[str, Any]:
     """One deployment as ``summary.csv`` and ``deploy_search.json`` write it: side-explicit layout
-    keys, in a fixed place after ``gpus``, and no internal figure."""
+    keys, in a fixed place after ``gpus``, each quantity under job=replay's name for it
+    (``eviction_policy``, ``sla_met_share``, ``requests_total``), and no internal figure."""
     agg = row.get("mode") == "agg"
     layout = {"workers": row.get("workers") if agg else None, "tp": row.get("tp") if agg else None,
               "prefill_workers": None if agg else row.get("workers"), "prefill_tp": None if agg else row.get("tp"),
@@ -566,7 +569,7 @@ def output_row(row: Dict[str, Any]) -> Dict[str, Any]:
     for k, v in row.items():
         if k in _LAYOUT_KEYS or k in _INTERNAL_KEYS:
             continue
-        out[k] = v
+        out[_OUTPUT_NAMES.get(k, k)] = v
         if k == "gpus":
             out.update(layout)
     if "gpus" not in row:

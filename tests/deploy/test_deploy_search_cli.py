@@ -31,7 +31,8 @@ def test_search_writes_its_outputs_and_a_launchable_best(tmp_path):
     assert all(row["gpus"] <= 4 for row in data["deployments"])
     # side-explicit layouts: workers x tp for aggregated rows, each side for disaggregated ones
     for row in data["deployments"]:
-        assert "closest" not in row
+        assert "closest" not in row and "policy" not in row and "goodput_share" not in row
+        assert row["eviction_policy"] and 0 <= row["sla_met_share"] <= 1 and row["requests_total"] == 150
         if row["mode"] == "agg":
             assert row["workers"] * row["tp"] == row["gpus"] and row["prefill_workers"] is None
         else:
