@@ -448,8 +448,10 @@ def _document(*, record, target_disagg, built, groups, job, ctx, mode, arrival, 
     from ..workload.assemble import MODELLED_FIELDS  # noqa: F401  (documents where the list lives)
     model = built.model
     sides = built.sides
+    # one aggregated server has no router in front of it: no policy to name, nothing routed
+    routed = model.mode != "agg" or sides["agg"]["servers"] > 1
     dep: Dict[str, Any] = {
-        "deploy_mode": model.mode, "gpus": model.gpus, "router_policy": model.router_policy,
+        "deploy_mode": model.mode, "gpus": model.gpus, "router_policy": model.router_policy if routed else None,
         "model_path": getattr(record, "model_path", None),
         "hardware_name": getattr(hardware, "name", None), "trace_name": _trace_name(job),
         "cache_mode": mode, "arrival": arrival, "time_scale": time_scale, "seed": int(job.get("seed", 0) or 0),
@@ -497,7 +499,7 @@ def _document(*, record, target_disagg, built, groups, job, ctx, mode, arrival, 
                   "cache_semantics": job.get("cache_semantics") or "rules"}
     if skipped:
         simulation["skipped_lines"] = skipped
-    if "front" in result.routers and model.router_policy == "cache_aware":
+    if routed and "front" in result.routers and model.router_policy == "cache_aware":
         rt = result.routers["front"]
         groups["load"].update(router_cache_routed=rt.cache_routed, router_balance_routed=rt.balance_routed)
     overrides = _flat_overrides(ctx)
@@ -575,7 +577,8 @@ def _print(doc: Dict[str, Any], job: dict, ctx: JobContext) -> None:
     t.add_column("metric")
     t.add_column("value", justify="right")
     rows = [
-        ("deployment", f"{dep['deploy_mode']}: {shape} = {dep['gpus']} GPU(s), router {dep['router_policy']}"),
+        ("deployment", f"{dep['deploy_mode']}: {shape} = {dep['gpus']} GPU(s), "
+                       + (f"router {dep['router_policy']}" if dep["router_policy"] else "no router (one server)")),
         ("requests served / rejected", f"{req['requests_completed']:,} / {req['rejected_requests']:,}"),
         ("TTFT P50 / P90 / P99", f"{_fmt_ms(lat['ttft_p50_ms'])} / {_fmt_ms(lat['ttft_p90_ms'])} / "
                                  f"{_fmt_ms(lat['ttft_p99_ms'])}"),
