@@ -359,3 +359,77 @@ def test_a_flat_first_panel_says_so_in_the_headline(tmp_path):
     chart = plot_summary(sweep, rows, swept)
     assert chart.panels[0].flat and chart.panels[0].best is None
     assert "every point gives the same P90 TTFT (900 ms)" in chart.title
+
+
+# ----------------------------------------------------------------------------- docs/outputs.md
+def _documented_keys():
+    """The key names of docs/outputs.md's one table: single names, ``a ... b`` ranges (their
+    common prefix) and ``<...>`` patterns."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "docs" / "outputs.md").read_text()
+    table = text.split("## Every column", 1)[1]
+    names, prefixes = set(), set()
+    for line in table.splitlines():
+        if not line.startswith("| `") and not line.startswith("| *"):
+            continue
+        first = line.split(" | ", 1)[0]
+        found = re.findall(r"`([^`]+)`", first)
+        names.update(found)
+        if " ... " in first and len(found) == 2:
+            a, b = found
+            n = 0
+            while n < min(len(a), len(b)) and a[n] == b[n]:
+                n += 1
+            prefixes.add(a[:n])
+        prefixes.update(f.split("<", 1)[0] for f in found if "<" in f and not f.startswith(("prefill_", "decode_")))
+    return names, prefixes
+
+
+def _is_documented(key, names, prefixes):
+    if key in names or any(key.startswith(p) for p in prefixes if p):
+        return True
+    return any(key.startswith(side) and key[len(side):] in names for side in ("prefill_", "decode_"))
+
+
+def _leaves(doc):
+    out = []
+    for k, v in doc.items():
+        if isinstance(v, dict) and k not in ("rejected_reasons",):
+            out.append(k)
+            out += _leaves(v)
+        else:
+            out.append(k)
+    return out
+
+
+def test_every_key_of_the_outputs_is_in_docs_outputs_table(tmp_path):
+    """One table documents every column: the leaves of real aggregated (HiCache) and
+    disaggregated replays, a sweep's extra columns and a deploy search's rows and JSON."""
+    import os
+    import subprocess
+    import sys
+
+    def run(*args):
+        r = subprocess.run([sys.executable, "-m", "sglang_hydra", *args], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=300, env=dict(os.environ))
+        assert r.returncode == 0, r.stderr[-2000:]
+    base = ["model=llama3_1_8b", "hardware=h100_80gb", "job.max_requests=60"]
+    run("job=replay", *base, "memory=hicache", "deploy.workers=2", "hydra.run.dir=agg")
+    run("job=replay", *base, "deploy=pd", "hydra.run.dir=pd")
+    run("job=deploy_search", *base, "deploy.total_gpus=2", "job.trace=sample", "job.search.tp=[1]",
+        "job.processes=1", "job.sla.ttft_ms=5000", "job.sla.tpot_ms=100", "job.output_dir=search")
+    names, prefixes = _documented_keys()
+    keys = set()
+    for run_dir in ("agg", "pd"):
+        doc = json.loads((tmp_path / run_dir / "metrics.json").read_text())
+        keys |= set(_leaves({k: v for k, v in doc.items() if k not in ("settings", "objective")}))
+        keys |= set(doc["objective"])
+    keys -= {"requests", "latency", "throughput", "load", "cache", "memory", "simulation", "deployment",
+             "tier_counts"}      # the groups themselves
+    search = json.loads((tmp_path / "search" / "deploy_search.json").read_text())
+    keys |= set(search) | {k for row in search["deployments"] for k in row} | set(search["best"])
+    keys |= set(rows_of(tmp_path / "search" / "summary.csv")[0])
+    keys |= {"run", "status", "error", "exit_code", "overrides"}
+    missing = sorted(k for k in keys if not _is_documented(k, names, prefixes))
+    assert missing == [], f"not in docs/outputs.md's table: {missing}"
