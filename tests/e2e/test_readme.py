@@ -83,7 +83,7 @@ EXPECTATIONS = {
     "python -m sglang_hydra --help":
         Expect(stdout=(r"== Config groups ==", r"(?m)^job: .*pd_pair", r"job=replay: ")),
     "sglang-hydra": Expect(stdout=(r"1 server\(s\) x dp 8 x tp 1 = 8 GPU\(s\)", r"TTFT P50 / P90 / P99",
-                                   r"token hit rate", r"wrote outputs/.*/replay\.json"),
+                                   r"token hit rate", r"wrote outputs/.*/metrics\.json"),
                            files=("outputs/*/*/metrics.json",)),
     "sglang-hydra job=setup model=llama3_8b memory=hicache schedule.max_total_tokens=4096 job.verify=true "
     "hardware.host_memory_gb=16":
