@@ -196,7 +196,7 @@ def plot_summary(sweep_dir: Path, rows, swept) -> Optional[ChartData]:
             panel.series.append(series)
             if not ok:
                 continue
-            legend = label + (f" (overlaps {same[label]}: drawn smaller on top)" if label in same else "")
+            legend = label + (f" (overlaps {_short_label(same[label])})" if label in same else "")
             style = ("-" if depth == 0 else _DASHES[(depth - 1) % len(_DASHES)]) if len(ok) <= 12 else "none"
             ax.plot([x for x, _ in xy], [y for _, y in xy], ls=style, color=c, lw=1.5, zorder=2 + depth)
             ax.plot([], [], ls="-" if style == "none" else style, color=c, lw=1.5, marker=marker, ms=size,
@@ -235,6 +235,8 @@ def plot_summary(sweep_dir: Path, rows, swept) -> Optional[ChartData]:
                     ax.axvline(x, color="red", alpha=0.2, lw=6)
         if same:
             panel.notes += [f"{lab} overlaps {other}" for lab, other in same.items()]
+            ax.text(0.01, 0.01, "overlapping lines: dashed, smaller markers on top", transform=ax.transAxes,
+                    fontsize=7, color="0.35", ha="left", va="bottom")
         values = [y for s_ in panel.series for _, y in s_.points]
         panel.flat = is_flat(values)
         if panel.flat:         # nothing to pick: say so instead of starring one point
@@ -312,6 +314,12 @@ def plot_summary(sweep_dir: Path, rows, swept) -> Optional[ChartData]:
     _save(fig, chart.path)
     plt.close(fig)
     return chart
+
+
+def _short_label(label: str) -> str:
+    """``radix_eviction_policy=lru`` -> ``lru``: a legend names the series it overlaps briefly
+    (a label of several settings stays whole)."""
+    return label.split("=", 1)[1] if label.count("=") == 1 else label
 
 
 def _depths(labels: Sequence[str], same: Dict[str, str]) -> Dict[str, int]:
@@ -455,7 +463,7 @@ def plot_pareto(sweep_dir: Path, rows, swept) -> Optional[ChartData]:
     shown = {point_label(r, cats) for r in pts if r["status"] != "infeasible"}
     for lab in labels:
         if lab in shown:
-            note = f" (overlaps {overlaps[lab]}: drawn smaller on top)" if lab in overlaps else ""
+            note = f" (overlaps {_short_label(overlaps[lab])}: smaller, on top)" if lab in overlaps else ""
             ax.plot([], [], _MARKERS[1] if lab in overlaps else _MARKERS[0], ls="none",
                     color=colors[labels.index(lab) % len(colors)], label=lab + note)
     panel.notes += [f"{lab} overlaps {other}" for lab, other in overlaps.items()]
