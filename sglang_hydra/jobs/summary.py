@@ -402,7 +402,8 @@ def identical_rows_warnings(rows, swept) -> List[str]:
     keys agree (issue 27: ``schedule.page_size=1,64`` gave identical rows without a word), with
     the simulation's reason when ``not_modelled`` gives one.  Keys the simulation does not read at
     all are left to :func:`not_modelled_warnings`."""
-    usable = [r for r in rows if r.get("status") not in FAILED_STATES]
+    usable = [r for r in rows if r.get("status") not in FAILED_STATES
+              and any(number(r.get(m)) is not None for m in COMPARED_RESULTS)]    # rows with figures only
     unread = {k for line in not_modelled_warnings(usable, swept) for k in swept if f" model {k} (" in line}
     reasons: Dict[str, str] = {}
     for r in usable:

@@ -321,6 +321,9 @@ def test_identical_rows_of_a_swept_key_are_said_with_the_reason():
                         f"schedule.page_size is {PAGE_WHY}"]
     rows[3]["ttft_p90_ms"] = 700.0        # one pair differs: nothing to say
     assert identical_rows_warnings(rows, ["schedule.page_size", "memory.hicache_ratio"]) == []
+    # rows without figures (job=resolve points) say nothing
+    bare = [{"run": str(i), "status": "ok", "_overrides": {"memory.hicache_ratio": str(i)}} for i in range(2)]
+    assert identical_rows_warnings(bare, ["memory.hicache_ratio"]) == []
     # a partial reason is not a 'does not model' warning
     assert not_modelled_warnings(rows, ["schedule.page_size", "memory.hicache_ratio"]) == []
 
