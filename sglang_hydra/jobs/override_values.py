@@ -42,3 +42,14 @@ def plain_overrides(overrides: Iterable[Any]) -> Dict[str, str]:
         key, _, value = str(ov).partition("=")
         out[key.lstrip("+~")] = override_text(value)
     return out
+
+
+def typed_overrides(overrides: Iterable[Any]) -> Dict[str, Any]:
+    """``{key: typed value}`` (``'1'`` stays the string ``"1"``, ``4`` is the int 4): what a
+    ``--config`` file must hold to give the same settings."""
+    out: Dict[str, Any] = {}
+    for ov in overrides or ():
+        key, _, value = str(ov).partition("=")
+        out[key.lstrip("+~")] = override_value(value)
+    return out
+

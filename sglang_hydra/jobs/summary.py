@@ -266,7 +266,8 @@ def write_best_config(sweep_dir: Path, rows) -> Tuple[Optional[Dict[str, Any]], 
         if k.startswith("job."):
             job_lines.append(f"#   {k}={v}")
             continue
-        settings[k] = _value(v)
+        values = best.get("_values") or {}
+        settings[k] = values[k] if k in values else _value(v)
     ordered = dict(sorted(settings.items(), key=lambda kv: ("." in kv[0], kv[0])))
     head = [f"# Best of {len(rows)} points in {sweep_dir} by {objective} ({direction}): "
             f"{fmt_number(float(best.get(objective)))} (run {best['run']}, {best['status']})."]

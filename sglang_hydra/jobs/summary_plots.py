@@ -5,8 +5,9 @@ Each drawing function returns what it drew (:class:`PanelData` per panel: axis l
 series with its points, the best mark or why there is none, the notes), so tests check the
 chart's content rather than a file size.  Rules a reader relies on:
 
-* no series hides another: series with the same points are drawn with distinct markers and a
-  small sideways offset, and the legend says which coincide;
+* no series hides another: a series whose points lie on an earlier one's (within half a percent
+  of the panel's height; within 1 % of both axes in pareto.png) is drawn dashed, with smaller
+  markers of another shape on top, and the legend and a note on the panel say which overlap;
 * a panel whose points all have the same value gets no "best" mark (there is nothing to pick),
   and says so;
 * saturated or rejecting points are hollow, failed ones red, every axis starts at zero.
@@ -22,6 +23,7 @@ from ..config.objectives import MINIMIZE, OBJECTIVES
 from ..utils.numbers import fmt_gb, fmt_number
 from .sweep_points import (DEGRADED_STATES, FAILED_STATES, METRIC_LABELS, context_title, direction_of, metric_label,
                            number, objective_of, pick_best, point_label, short_key, tied_points, value_text)
+
 
 def _axes_of(rows, swept) -> Tuple[Optional[str], List[str]]:
     """The numeric swept key for x (the one with most distinct values) and the categorical keys."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..config.objectives import MINIMIZE, OBJECTIVES
-from .override_values import plain_overrides
+from .override_values import plain_overrides, typed_overrides
 
 #: a point with results that must not be compared as if it were ok
 DEGRADED_STATES = ("saturated", "rejected")
@@ -145,7 +145,8 @@ def collect(sweep_dir: Path, *, interrupted: bool = False) -> Tuple[List[Dict[st
     the swept keys.  ``interrupted``: a point with neither metrics nor an error was cut off."""
     rows: List[Dict[str, Any]] = []
     for d in job_dirs(sweep_dir, interrupted=interrupted):
-        ovs = plain_overrides(_overrides_list(d))
+        given = _overrides_list(d)
+        ovs = plain_overrides(given)
         row: Dict[str, Any] = {"run": d.name}
         if (d / "metrics.json").is_file():
             try:
@@ -177,6 +178,7 @@ def collect(sweep_dir: Path, *, interrupted: bool = False) -> Tuple[List[Dict[st
         if row.get("objective") in OBJECTIVES:
             row.setdefault("objective_direction", OBJECTIVES[row["objective"]])
         row["_overrides"] = ovs
+        row["_values"] = typed_overrides(given)      # what best_config.yaml writes (quoted '1' stays a string)
         row["_dir"] = d
         rows.append(row)
     keys: List[str] = []

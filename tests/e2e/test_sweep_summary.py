@@ -436,3 +436,16 @@ def test_every_key_of_the_outputs_is_in_docs_outputs_table(tmp_path):
     keys |= {"run", "status", "error", "exit_code", "overrides"}
     missing = sorted(k for k in keys if not _is_documented(k, names, prefixes))
     assert missing == [], f"not in docs/outputs.md's table: {missing}"
+
+
+def test_best_config_keeps_each_value_s_type(tmp_path):
+    """Without Hydra's quotes in the table, best_config.yaml still writes a quoted '1' as a string."""
+    sweep = tmp_path / "s"
+    job(sweep, "0", ["model.model_path='1'", "memory.hicache_ratio=2", "job.trace='conversation'"], v2(ttft=800),
+        objective="ttft_p90_ms")
+    job(sweep, "1", ["model.model_path='1'", "memory.hicache_ratio=4", "job.trace='conversation'"], v2(ttft=900),
+        objective="ttft_p90_ms")
+    write_summary(sweep, plots=True)
+    text = (sweep / "best_config.yaml").read_text()
+    assert yaml.safe_load(text) == {"memory.hicache_ratio": 2, "model.model_path": "1"}
+    assert "#   job.trace=conversation" in text
