@@ -289,3 +289,24 @@ def test_a_sweep_over_a_hardware_field(tmp_path):
     assert "hardware.disagg_decode_pass_scale: 9.0 is above the maximum 3" in bad.stderr
     assert bad.stderr.count("hardware.bogus: unknown hardware field") == 1
     assert not (tmp_path / "sw2").exists()
+
+
+def test_a_page_size_below_the_trace_block_is_named_and_identical_rows_are_said(tmp_path):
+    """Issue 27: schedule.page_size=1,64 gave identical rows without a word.  Each point names the
+    page size in not_modelled with why (hits come in the trace's 512-token blocks); a single run
+    does not warn (the page rounding may still move a figure), the sweep does when the rows match."""
+    sweep = tmp_path / "sweep"
+    r = run("-m", "job=replay", "model=llama3_1_8b", "hardware=h100_80gb", "parallel.dp_size=2", "job.max_requests=120",
+            "schedule.page_size=1,64", "memory.radix_eviction_policy=lru,lfu", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for n, ps in ((0, 1), (2, 64)):          # points: page_size x policy, page_size first
+        doc = json.loads((sweep / str(n) / "metrics.json").read_text())
+        assert doc["not_modelled"][0].startswith(f"schedule.page_size={ps}: below the trace's 512-token block")
+    head = list(rows_of(sweep / "summary.csv")[0])
+    assert "schedule.page_size" in head and "page_size" not in head and "eviction_policy" not in head
+    assert "warning: schedule.page_size=1,64 gave the same results" in r.stderr
+    assert "schedule.page_size is below the trace's 512-token block" in r.stderr
+    assert "memory.radix_eviction_policy=" not in r.stderr.split("gave the same results")[0].splitlines()[-1]
+    single = run("job=replay", "model=llama3_1_8b", "hardware=h100_80gb", "job.max_requests=60", "schedule.page_size=64",
+                 cwd=tmp_path)
+    assert single.returncode == 0 and "page_size" not in single.stderr
