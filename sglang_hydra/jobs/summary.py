@@ -130,7 +130,7 @@ SETTING_ECHOES: Dict[str, Tuple[str, ...]] = {
     "time_scale": ("job.time_scale",), "seed": ("job.seed",), "arrival": ("job.arrival",),
     "cache_semantics": ("job.cache_semantics",), "cache_mode": ("job.mode",),
     "sla_ttft_ms": ("job.sla.ttft_ms",), "sla_tpot_ms": ("job.sla.tpot_ms",),
-    "hardware_name": ("hardware",), "model_path": ("model", "model.model_path"), "trace_name": ("job.trace",),
+    "hardware_name": ("hardware",), "model_path": ("model.model_path",), "trace_name": ("job.trace",),
 }
 _SIDES = ("prefill", "decode")
 
@@ -150,7 +150,7 @@ def echoed_setting(leaf: str, swept: Sequence[str]) -> Optional[str]:
                 continue
             parts = parts[1:]
         for target in SETTING_ECHOES[base]:
-            if "." in target or target in ("hardware", "model"):
+            if "." in target or target == "hardware":
                 if ".".join(parts) == target:
                     return key
             elif len(parts) == 2 and parts[1] == target:
