@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..config.deploy import ROUTER_POLICIES, Deployment
 from ..config.errors import ConfigError, Problem
+from ..workload.metrics import SCHEMA_VERSION     # the outputs' schema, shared with job=replay's metrics.json
 from .context import JobContext, atomic_write
 from .deploy_eval import Plan, Sla, evaluate, meets, shortfall
 
@@ -429,10 +430,12 @@ def run(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
     best = passing[0]
     best_runnable = next((r for r in passing if r["runnable"]), None)
     out_dir = ctx.out_dir()
-    summary = {"best": _best(best, best_runnable), "sla": dataclasses.asdict(sla), "rate_search": rate,
+    summary = {"schema_version": SCHEMA_VERSION, "best": output_row(_best(best, best_runnable)),
+               "sla": dataclasses.asdict(sla), "rate_search": rate,
                "trace": trace_name, "requests": len(requests), "total_gpus": total,
                "hardware": getattr(hardware, "name", None), "model": record.model_path,
-               "deployments": len(rows), "meeting_sla": len(passing), "out_dir": str(out_dir), "rows": rows}
+               "deployments_evaluated": len(rows), "meeting_sla": len(passing), "out_dir": str(out_dir),
+               "deployments": [output_row(r) for r in rows]}
     _write_outputs(out_dir, rows, summary, best, best_runnable, record, hardware, total, rate, sla, trace_name)
     if job.get("format") == "json":
         import json
@@ -542,7 +545,40 @@ def _table(rows: List[Dict[str, Any]], rate: bool, sla: Sla, total_rows: int) ->
     return f"{head}\n{text}{foot}"
 
 
+#: the searched layout's keys as the outputs name them (docs/outputs.md): an aggregated row has
+#: ``workers`` x ``tp``; a disaggregated one names each side (the rows' own ``workers``/``tp`` are
+#: the prefill side there); the other mode's keys are null
+_LAYOUT_KEYS = ("workers", "tp", "prefill_workers", "prefill_tp", "decode_workers", "decode_tp")
+#: internal ranking figures that are not outputs (``closest``: how far from the SLA, floored at 10
+#: for a point that is not ok, only to name the nearest miss when none meets the SLA)
+_INTERNAL_KEYS = ("closest",)
+#: row keys named as job=replay's metrics.json names the same quantity (one name per quantity)
+_OUTPUT_NAMES = {"policy": "eviction_policy", "goodput_share": "sla_met_share", "requests": "requests_total"}
+
+
+def output_row(row: Dict[str, Any]) -> Dict[str, Any]:
+    """One deployment as ``summary.csv`` and ``deploy_search.json`` write it: side-explicit layout
+    keys, in a fixed place after ``gpus``, each quantity under job=replay's name for it
+    (``eviction_policy``, ``sla_met_share``, ``requests_total``), and no internal figure."""
+    agg = row.get("mode") == "agg"
+    layout = {"workers": row.get("workers") if agg else None, "tp": row.get("tp") if agg else None,
+              "prefill_workers": None if agg else row.get("workers"), "prefill_tp": None if agg else row.get("tp"),
+              "decode_workers": None if agg else row.get("decode_workers"),
+              "decode_tp": None if agg else row.get("decode_tp")}
+    out: Dict[str, Any] = {}
+    for k, v in row.items():
+        if k in _LAYOUT_KEYS or k in _INTERNAL_KEYS:
+            continue
+        out[_OUTPUT_NAMES.get(k, k)] = v
+        if k == "gpus":
+            out.update(layout)
+    if "gpus" not in row:
+        out.update(layout)
+    return out
+
+
 def _csv(rows: List[Dict[str, Any]]) -> str:
+    rows = [output_row(r) for r in rows]
     keys: List[str] = []
     for r in rows:
         for k in r:

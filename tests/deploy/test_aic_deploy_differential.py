@@ -97,7 +97,7 @@ def test_deploy_search_within_25_percent_of_the_peer(tmp_path):
     peer = run_aiconfigurator(python)
     ours = run_search(tmp_path, steady_trace(tmp_path / "steady.jsonl"))
     best = ours["best"]
-    rows = ours["rows"]
+    rows = ours["deployments"]
     by_mode = {m: max((r["tokens_per_s_per_gpu"] for r in rows if r["mode"] == m and r["meets_sla"]), default=0.0)
                for m in ("agg", "disagg")}
     print(f"\naiconfigurator: {peer['mode']} best, agg {peer['agg']} / disagg {peer['disagg']} tokens/s/GPU; "

@@ -26,8 +26,24 @@ def test_search_writes_its_outputs_and_a_launchable_best(tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["best"]["mode"] in ("agg", "disagg") and data["best"]["tokens_per_s_per_gpu"] > 0
-    assert data["deployments"] == len(data["rows"]) > 10 and all(row["gpus"] <= 4 for row in data["rows"])
-    ranked = [row for row in data["rows"] if row["meets_sla"]]
+    assert data["schema_version"] == 3
+    assert data["deployments_evaluated"] == len(data["deployments"]) > 10
+    assert all(row["gpus"] <= 4 for row in data["deployments"])
+    # side-explicit layouts: workers x tp for aggregated rows, each side for disaggregated ones
+    for row in data["deployments"]:
+        assert "closest" not in row and "policy" not in row and "goodput_share" not in row
+        assert row["eviction_policy"] and 0 <= row["sla_met_share"] <= 1 and row["requests_total"] == 150
+        if row["mode"] == "agg":
+            assert row["workers"] * row["tp"] == row["gpus"] and row["prefill_workers"] is None
+        else:
+            assert row["workers"] is None and row["tp"] is None
+            assert row["prefill_workers"] * row["prefill_tp"] + row["decode_workers"] * row["decode_tp"] == row["gpus"]
+    table = (tmp_path / "search" / "summary.csv").read_text().splitlines()
+    head = table[0].split(",")
+    assert head[head.index("gpus") + 1:head.index("gpus") + 7] == ["workers", "tp", "prefill_workers", "prefill_tp",
+                                                                  "decode_workers", "decode_tp"]
+    assert "closest" not in head and len(table) == len(data["deployments"]) + 1
+    ranked = [row for row in data["deployments"] if row["meets_sla"]]
     assert ranked[0]["goodput_rps_per_gpu"] == max(row["goodput_rps_per_gpu"] for row in ranked)
     out = tmp_path / "search"
     for name in ("summary.csv", "pareto.png", "best_deploy.yaml", "deploy_search.json"):
@@ -38,7 +54,9 @@ def test_search_writes_its_outputs_and_a_launchable_best(tmp_path):
     launched = run("--config", str(out / "best_deploy.yaml"), "job=launch", "job.dry_run=true", cwd=tmp_path)
     assert launched.returncode == 0, launched.stderr
     servers = [line for line in launched.stdout.splitlines() if "sglang.launch_server" in line]
-    assert len(servers) == data["best"]["workers"] + data["best"]["decode_workers"]
+    best_row = data["best"]
+    assert len(servers) == (best_row["workers"] if best_row["mode"] == "agg"
+                            else best_row["prefill_workers"] + best_row["decode_workers"])
     assert all("--model-path meta-llama/Meta-Llama-3.1-8B" in line for line in servers)
     # the file names the model preset, so the jobs that need its KV geometry take it back too
     assert best["model"] == "llama3_1_8b"
@@ -120,5 +138,5 @@ def test_a_disaggregated_best_launches_as_xpyd(tmp_path):
     launched = run("--config", "search/best_deploy.yaml", "job=launch", "job.dry_run=true", cwd=tmp_path)
     assert launched.returncode == 0, launched.stderr
     router = launched.stdout.splitlines()[-1]
-    assert router.count("--prefill ") == best["workers"] and router.count("--decode ") == best["decode_workers"]
+    assert router.count("--prefill ") == best["prefill_workers"] and router.count("--decode ") == best["decode_workers"]
     assert "--enable-hierarchical-cache" in launched.stdout and "--hicache-ratio 2" in launched.stdout
