@@ -98,6 +98,11 @@ EXPECTATIONS = {
         Expect(stdout=(r"(?m)^# prefill .*\n.*sglang\.launch_server .*--disaggregation-mode prefill",
                        r"(?m)^# decode .*\n.*--disaggregation-mode decode",
                        r"(?m)^# router .*\n.*sglang_router\.launch_router --pd-disaggregation")),
+    "sglang-hydra job=validate model=tiny_llama hardware=local job.calibrate=true "
+    "job.python=$SGLANG_HYDRA_REFERENCE_PYTHON":
+        Expect(stdout=(r"token hit rate", r"TTFT P50 ms", r"relative error per request",
+                       r"wrote .*validation\.csv, validation\.json, validation\.png"),
+               files=("outputs/*/*/validation.csv", "outputs/*/*/validation.png", "outputs/*/*/predicted.jsonl")),
     # the what-if section (job=replay simulates the deployment; every figure needs a target GPU)
     "sglang-hydra job=plan model=llama3_1_8b hardware=h100_80gb memory=hicache memory.hicache_ratio=2":
         Expect(stdout=(r"KV memory plan \(mha, 32 layers", r"target h100_80gb: 80 GB GPU",
@@ -195,8 +200,15 @@ COMMANDS = readme_commands(README.read_text(encoding="utf-8"))
 RUNNABLE = [c for c in COMMANDS if c not in SETUP_COMMANDS]
 
 
+# Commands that launch a real SGLang server: they need the engine's interpreter
+# ($SGLANG_HYDRA_REFERENCE_PYTHON), so they run with the reference tests (.ci/run sets it there).
+REFERENCE_PATTERNS = (r"job=validate",)
+
+
 def _param(cmd: str):
     marks = [pytest.mark.slow] if any(re.search(p, cmd) for p in SLOW_PATTERNS) else []
+    if any(re.search(p, cmd) for p in REFERENCE_PATTERNS):
+        marks.append(pytest.mark.reference)
     return pytest.param(cmd, marks=marks, id=_strip_comment(cmd)[:80])
 
 
