@@ -17,6 +17,7 @@ being a configuration choice (``fifo``, as in the reference engine).
 """
 from __future__ import annotations
 
+import importlib
 import math
 import zlib
 from dataclasses import dataclass
@@ -665,6 +666,15 @@ class PolicyInfo:
 
 _POLICIES: Dict[str, PolicyInfo] = {}
 
+#: Built-in policies defined in their own module (which imports this one, so this one names it
+#: instead of importing it); loaded before the registry is first read.
+_POLICY_MODULES = ["hit_density"]
+
+
+def _load_policy_modules() -> None:
+    while _POLICY_MODULES:
+        importlib.import_module(f"{__package__}.{_POLICY_MODULES.pop(0)}")
+
 
 def register_eviction_policy(name: str, cls: Type[EvictionPolicy], *, replay_only: bool = False,
                              config_choice: Optional[bool] = None, replace: bool = False) -> None:
@@ -691,6 +701,7 @@ def register_eviction_policy(name: str, cls: Type[EvictionPolicy], *, replay_onl
 
 
 def get_policy_info(name: str) -> PolicyInfo:
+    _load_policy_modules()
     try:
         return _POLICIES[name]
     except KeyError:
@@ -700,6 +711,7 @@ def get_policy_info(name: str) -> PolicyInfo:
 
 
 def available_policies(*, include_replay_only: bool = True) -> List[str]:
+    _load_policy_modules()
     return [n for n, info in _POLICIES.items() if include_replay_only or not info.replay_only]
 
 
@@ -717,6 +729,7 @@ def validate_policy_config(name: str, cfg: Optional[Mapping[str, Any]]) -> List[
     "all defaults" (cross-parameter rules still apply, so ``tlru`` with no config is an
     error, as in the reference engine).
     """
+    _load_policy_modules()
     info = _POLICIES.get(name)
     if info is None:
         return [f"unknown eviction policy {name!r}; known policies: "
