@@ -235,7 +235,7 @@ def _side(record, hardware, *, role: str, servers: int, inp: DeploymentInputs, b
 
     pm = _pass_model(record, hardware)
     if role in ("prefill", "decode"):
-        # a PD server's passes carry its KV traffic and transfer polling (hardware preset's figure)
+        # a what-if scale only (1.0 in every preset): the PD cost itself is the simulated KV transfer
         pm = pm.scaled(float(_get(hardware, f"disagg_{role}_pass_scale", 1.0) or 1.0))
     plan = _plan(record, hardware)
     tp = int(_get(record, "tp_size", 1) or 1)
