@@ -104,14 +104,14 @@ def peer_bootstrap(a) -> int:
 def peer_prefill(a) -> int:
     import dataclasses
 
-    from sglang_hydra.disagg.pd import KVGeometry, PrefillWorker
+    from sglang_hydra.disagg.workers import PlainBufferShape, PrefillWorker
     from sglang_hydra.disagg.registry import backend_classes
 
     classes = backend_classes(a.backend)
     if a.external_bootstrap:      # the bootstrap server is its own process (killed on its own)
         classes = dataclasses.replace(classes, bootstrap_server=None)
     w = PrefillWorker(_record(a.backend, "prefill"), host=a.host, bootstrap_port=a.port,
-                      geometry=KVGeometry(**GEOMETRY), classes=classes)
+                      geometry=PlainBufferShape(**GEOMETRY), classes=classes)
     stop = threading.Event()
     out: Dict[str, Any] = {}
     th = threading.Thread(target=lambda: out.setdefault("res", w.serve(None, stop=stop)), daemon=True)
@@ -137,9 +137,9 @@ def peer_prefill(a) -> int:
 
 
 def peer_decode(a) -> int:
-    from sglang_hydra.disagg.pd import DecodeWorker, KVGeometry
+    from sglang_hydra.disagg.workers import DecodeWorker, PlainBufferShape
 
-    w = DecodeWorker(_record(a.backend, "decode"), host=a.host, geometry=KVGeometry(**GEOMETRY))
+    w = DecodeWorker(_record(a.backend, "decode"), host=a.host, geometry=PlainBufferShape(**GEOMETRY))
     _emit("READY", {})
     busy: List[threading.Thread] = []
 

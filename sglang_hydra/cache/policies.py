@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import importlib
 import math
-import zlib
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Type
 
+from .hit_density_core import stable_hash
 from .sglang_plugin import HOOKED_POLICIES, ghost_history
 
 __all__ = [
@@ -486,13 +486,6 @@ class GhostLFUPolicy(GhostLRUPolicy):
         return node.last_access
 
 
-def _stable_hash(key) -> int:
-    """A hash that does not change between processes (``hash(str)`` does)."""
-    if type(key) is int:
-        return (key * 0x9E3779B1) >> 7
-    return zlib.crc32(repr(key).encode())
-
-
 class _MiniCache:
     """A flat, sampled stand-in for the cache (SHARDS-style miniature simulation) that
     runs the ``ghost_lfu`` key with one fixed ``alpha`` and counts its hits."""
@@ -596,7 +589,7 @@ class AutoGhostLFUPolicy(GhostLFUPolicy):
         s = self.sample
         accesses = self._accesses
         for key in page_keys:
-            h = (key * 0x9E3779B1) >> 7 if type(key) is int else _stable_hash(key)
+            h = (key * 0x9E3779B1) >> 7 if type(key) is int else stable_hash(key)
             if h % s == 0:
                 for access in accesses:
                     access(key, clock)

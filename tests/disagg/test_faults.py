@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from sglang_hydra.disagg.pd import PrefillWorker
+from sglang_hydra.disagg.workers import PrefillWorker
 from sglang_hydra.utils.ports import free_port
 from sglang_hydra.disagg.states import KVPoll
 
@@ -173,9 +173,9 @@ def test_injected_poll_failure_env(fast_env):
 def test_a_request_that_cannot_fit_the_prefill_pool_fails_at_once_on_both_sides(fast_env):
     """Prefill knows at once that 40 pages never fit its 16: it fails the room and tells decode,
     which frees the pages (no waiting timeout); the prefill keeps serving."""
-    from sglang_hydra.disagg.pd import DecodeWorker, KVGeometry
+    from sglang_hydra.disagg.workers import DecodeWorker, PlainBufferShape
     rec = make_rec("zmq")
-    small = KVGeometry(num_layers=2, head_num=2, head_dim=16, page_size=16, num_pages=16)
+    small = PlainBufferShape(num_layers=2, head_num=2, head_dim=16, page_size=16, num_pages=16)
     big = dataclasses.replace(small, num_pages=128)
     with serving_prefill(rec, geometry=small) as (p, out):
         d = DecodeWorker(rec, geometry=big)
