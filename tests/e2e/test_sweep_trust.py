@@ -14,7 +14,7 @@ import yaml
 
 # tiny's own context is shorter than most of the sample's prompts: a replay that rejects such
 # requests (schema 2) would mark every point "rejected"
-SMALL = ("job.max_requests=60", "job.mode=metadata", "schedule.page_size=512", "model.context_length=131072",
+SMALL = ("job.max_requests=60", "job.mode=device_only", "schedule.page_size=512", "model.context_length=131072",
          "hardware=h100_80gb")
 ON_LOCAL = tuple(a for a in SMALL if not a.startswith("hardware="))
 SAMPLE = str(Path(__file__).resolve().parents[2] / "sglang_hydra" / "workload" / "data" / "conversation_sample.jsonl")
@@ -154,7 +154,7 @@ def test_an_optuna_study_whose_every_trial_fails_still_leaves_its_summary(tmp_pa
     sweep = tmp_path / "opt"
     r = run("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "memory=hicache",
             "memory.hicache_ratio=interval(2,4)", "schedule.max_total_tokens=102400", "job.max_host_memory_gb=0.001",
-            "job.objective=token_hit_rate", *(a for a in SMALL if a != "job.mode=metadata"),
+            "job.objective=token_hit_rate", *(a for a in SMALL if a != "job.mode=device_only"),
             f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "sweep summary: 2 points" in r.stdout and "2 infeasible" in r.stdout

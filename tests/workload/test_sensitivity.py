@@ -18,7 +18,7 @@ def _trace(name="sample"):
 
 
 @functools.lru_cache(maxsize=None)
-def point(overrides=(), *, n=300, scale=1.0, mode="metadata", workers=1, router=None, pd=None,
+def point(overrides=(), *, n=300, scale=1.0, mode="device_only", workers=1, router=None, pd=None,
           prefill=(), decode=(), pw=1, dw=1, trace="sample"):
     rec, composed = compose(list(BASE) + list(overrides))
     kw = dict(hardware=composed.hardware, workers=workers, router_policy=router, cache_mode=mode)
