@@ -394,3 +394,23 @@ def test_memoised_decode_passes_are_the_same_floats(model, hwname, tp):
     # passes with a prefill part never take the decode memo
     assert m.step_s(65, PassModel.attn_pairs(0, 1), 64, 6400) != m.step_s(64, 0, 64, 6400)
     assert m.step_s(0, 0, 0, 0) == 0.0
+
+
+@pytest.mark.parametrize("name", ["h100_80gb", "h200_141gb", "a100_80gb", "l40s_48gb"])
+def test_gpu_presets_hold_physical_values(name):
+    """Every efficiency below its bound; no vanishing coefficient (a term is there or exactly 0); no
+    per-pass PD scale (the PD cost is the simulated transfer) and no fitted per-pass overhead."""
+    from sglang_hydra.perf.fit import EFFICIENCY_MAX
+    hw = preset(name).to_dict()
+    for key in ("gemm_efficiency", "attention_prefill_efficiency", "allreduce_efficiency"):
+        assert 0 < hw[key] <= EFFICIENCY_MAX["compute"] < 1, key
+    for key in ("memory_efficiency", "attention_decode_efficiency"):
+        assert 0 < hw[key] <= EFFICIENCY_MAX["memory"] < 1, key
+    for key in ("gemm_half_tokens", "gemm_half_outputs", "gemm_k_overhead", "attention_prefill_extra_pairs",
+                "attention_prefill_layer_us", "attention_decode_seq_us", "attention_decode_half_ctas",
+                "attention_decode_layer_us", "attention_decode_split_ctas", "kernel_floor_us"):
+        assert hw[key] == 0 or hw[key] >= 1e-3, (key, hw[key])
+    if hw["attention_decode_half_ctas"] == 0:         # no occupancy term: nothing for a split to change
+        assert hw["attention_decode_split_ctas"] == hw["attention_decode_split_below"] == 0
+    assert hw["disagg_prefill_pass_scale"] == hw["disagg_decode_pass_scale"] == 1.0
+    assert hw["pass_overhead_us"] == 0
