@@ -83,12 +83,22 @@ def load_requests(job: dict):
         raise ConfigError([Problem("job.trace", None, f"no such trace file: {exc.filename}", "trace")]) from None
 
 
+#: former names of job.mode values -> their names now
+RENAMED_MODES = {"metadata": "device_only"}
+
+
 def replay_mode(record, job: dict) -> str:
-    """``job.mode`` as given; unset: ``sim`` when the record enables HiCache, else ``metadata``."""
+    """``job.mode`` as given; unset: ``sim`` when the record enables HiCache, else ``device_only``
+    (the device tier only, HiCache off).  ``metadata``, its former name, still works, with a note."""
     mode = job.get("mode")
+    if mode in RENAMED_MODES:
+        new = RENAMED_MODES[mode]
+        print(f"sglang-hydra: note: job.mode={mode} is now job.mode={new} (the device tier only, HiCache off); "
+              "the old name still works", file=sys.stderr)
+        return new
     if mode:
         return mode
-    return "sim" if getattr(record, "enable_hierarchical_cache", False) else "metadata"
+    return "sim" if getattr(record, "enable_hierarchical_cache", False) else "device_only"
 
 
 def _trace_name(job: dict) -> str:

@@ -51,7 +51,8 @@ class ReplayJob:
     trace: Optional[str] = None          # Mooncake JSONL; unset: the bundled sample
     workload: str = "trace"              # trace | synthetic
     max_requests: Optional[int] = None
-    mode: Optional[str] = None           # metadata | sim | full; unset: sim with HiCache, else metadata
+    mode: Optional[str] = None           # device_only | sim | full; unset: sim with HiCache, else device_only
+                                         # (metadata: the old name of device_only, still accepted)
     policy: Optional[str] = None         # replay-only policies (belady, fifo) override the record's
     arrival: str = "spread"              # spread | as_is | poisson (docs/whatif.md)
     sla: SlaSettings = field(default_factory=SlaSettings)
@@ -242,15 +243,15 @@ class JobSpec:
 JOB_SPECS: Dict[str, JobSpec] = {
     "resolve": JobSpec(ResolveJob, "sglang_hydra.jobs.resolve:run", {"format": ("yaml", "json", "argv"),
                                                                       "check": ("none", "engine")}),
-    "setup": JobSpec(SetupJob, "sglang_hydra.jobs.setup:run", {"format": ("table", "json")}),
+    "setup": JobSpec(SetupJob, "sglang_hydra.jobs.allocate:run", {"format": ("table", "json")}),
     "replay": JobSpec(ReplayJob, "sglang_hydra.jobs.replay:run", {
         "format": ("table", "json"), "on_bad_line": ("fail", "skip"), "workload": ("trace", "synthetic"),
-        "mode": (None, "metadata", "sim", "full"), "objective": tuple(OBJECTIVES),
+        "mode": (None, "device_only", "sim", "full", "metadata"), "objective": tuple(OBJECTIVES),
         "arrival": ("spread", "as_is", "poisson"), "cache_semantics": ("rules", "sglang")}),
     "calibrate": JobSpec(CalibrateJob, "sglang_hydra.jobs.calibrate:run", {
         "device": ("cuda", "cpu"), "format": ("table", "json"), "via": ("kernels", "engine")}),
-    "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd:run_side"),
-    "pd_pair": JobSpec(PdPairJob, "sglang_hydra.jobs.pd:run_pair", {"format": ("table", "json")}),
+    "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd_transfer:run_side"),
+    "pd_pair": JobSpec(PdPairJob, "sglang_hydra.jobs.pd_transfer:run_pair", {"format": ("table", "json")}),
     "launch": JobSpec(LaunchJob, "sglang_hydra.jobs.launch:run"),
     "plan": JobSpec(PlanJob, "sglang_hydra.jobs.plan:run", {"format": ("table", "json")}),
     "deploy_search": JobSpec(DeploySearchJob, "sglang_hydra.jobs.deploy_search:run", {

@@ -124,6 +124,11 @@ def _build_side(group: ServerGroup, rng: random.Random, first_gpu: int):
     return servers, engines, gpu
 
 
+class RequestsDoNotFit(ValueError):
+    """A request longer than the smallest KV pool of the deployment: the deployment cannot serve the
+    trace (infeasible, not a bug; ``job=deploy_search`` reports it as a rejected candidate)."""
+
+
 def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spread", time_scale: float = 1.0,
              seed: int = 0, progress: bool = False, give_up: Optional[GiveUp] = None) -> SimResult:
     """Run ``requests`` (trace :class:`~.trace.Request` objects, already checked against the
@@ -136,7 +141,7 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
     smallest = min(g.spec.pool_tokens for g in model.groups.values())
     too_long = sum(1 for r in requests if r.input_length + 1 > smallest)
     if too_long:
-        raise ValueError(f"{too_long} request(s) can never fit the KV pool of {smallest:,} tokens; "
+        raise RequestsDoNotFit(f"{too_long} request(s) can never fit the KV pool of {smallest:,} tokens; "
                          "reject them first (the replay job counts them as rejected_requests)")
     arrivals = arrival_times([r.timestamp for r in requests], how=arrival, time_scale=time_scale, seed=seed)
     if model.mode == "agg":

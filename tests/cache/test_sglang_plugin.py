@@ -3,6 +3,7 @@
 That SGLang itself loads it and uses its strategy (identical hits) is
 tests/cache/test_engine_radix_differential.py (reference venv)."""
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -63,6 +64,30 @@ def test_importing_the_plugin_pulls_in_no_hydra_omegaconf_or_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env=dict(os.environ))
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_importing_the_plugin_in_a_clean_interpreter_loads_no_other_project_module():
+    """The package's import side effects are deferred: SGLang loading the plugin gets the plugin, its
+    std-lib-only sibling, the two package ``__init__`` files and the config layer's std-lib-only
+    registry (which only stores the deferred registration) -- no jobs, config composer or cache."""
+    code = ("import sys, json, sglang_hydra.cache.sglang_plugin; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'sglang_hydra')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == ["sglang_hydra", "sglang_hydra.cache", "sglang_hydra.cache.hit_density_core",
+                                    "sglang_hydra.cache.sglang_plugin", "sglang_hydra.config",
+                                    "sglang_hydra.config.registry"]
+
+
+def test_the_deferred_registration_runs_on_the_first_read_of_a_registry():
+    code = ("import sys, sglang_hydra; from sglang_hydra.config.choices import choices; "
+            "before = 'sglang_hydra.jobs.specs' in sys.modules; names = choices('RADIX_EVICTION_POLICY'); "
+            "print(before, 'ghost_lru' in names, 'hit_density' in names, 'sglang_hydra.jobs.specs' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True", "True", "True"]
 
 
 def test_which_policies_need_the_plugin():

@@ -140,3 +140,14 @@ def test_a_disaggregated_best_launches_as_xpyd(tmp_path):
     router = launched.stdout.splitlines()[-1]
     assert router.count("--prefill ") == best["prefill_workers"] and router.count("--decode ") == best["decode_workers"]
     assert "--enable-hierarchical-cache" in launched.stdout and "--hicache-ratio 2" in launched.stdout
+
+
+def test_a_simulation_error_exits_1_with_its_message_not_a_rejected_row(tmp_path):
+    # belady needs one engine's future; on two replicas the simulation refuses it: that is not a deployment
+    # that does not fit, so the search stops with the message instead of ranking a row of zeros
+    r = run("job=deploy_search", "model=llama3_1_8b", "hardware=h100_80gb", "deploy.total_gpus=2", "job.trace=sample",
+            "job.max_requests=20", "job.search.tp=[1]", "job.processes=1", "job.search.policies=[belady]",
+            "job.search.modes=[agg]", "job.sla.ttft_ms=3000", "job.sla.tpot_ms=60", "job.output_dir=out", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "belady eviction policy needs the future of one engine's requests" in r.stderr
+    assert "rejected" not in r.stdout
