@@ -102,12 +102,38 @@ def server_env(record, *, plugin_overlay: Optional[Path] = None,
     if on_cpu(record):
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         extra_path.append(str(KERNEL_SHIM_DIR))
+        if "SGLANG_CPU_OMP_THREADS_BIND" not in os.environ:
+            env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_threads_bind(record)
     if plugin_overlay is not None:
         extra_path.append(str(plugin_overlay))
     if extra_path:
         inherited = os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath
         env["PYTHONPATH"] = os.pathsep.join(extra_path + [p for p in inherited.split(os.pathsep) if p])
     return env
+
+
+def cpu_threads_bind(record, cores: Optional[List[int]] = None) -> str:
+    """``SGLANG_CPU_OMP_THREADS_BIND`` for a CPU server: one core group per device id it uses.
+
+    On a CPU SGLang takes each rank's device id (``base_gpu_id`` + k x ``gpu_id_step``) as a NUMA
+    node index and refuses one past the machine's nodes (one here), so a second server of a
+    deployment (``--base-gpu-id 1``) or ``dp_size=2`` would not start; with this list every id
+    has an entry.  The groups split this process's cores evenly (cores are shared when there
+    are more ids than cores)."""
+    if cores is None:
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    ranks = 1
+    for name in ("dp_size", "tp_size", "pp_size"):
+        ranks *= max(1, int(getattr(record, name, 1) or 1))
+    base = max(0, int(getattr(record, "base_gpu_id", 0) or 0))
+    step = max(1, int(getattr(record, "gpu_id_step", 1) or 1))
+    entries = base + (ranks - 1) * step + 1
+    if entries <= len(cores):
+        size = len(cores) // entries
+        groups = [cores[i * size:(i + 1) * size] for i in range(entries)]
+    else:
+        groups = [[cores[i % len(cores)]] for i in range(entries)]
+    return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
 
 
 def needs_plugin(record) -> bool:

@@ -561,8 +561,9 @@ class RunningDeployment:
             raise LaunchFailed("this deployment has no router, so nothing counts requests per worker")
         from .router_metrics import router_worker_counts
         by_url = router_worker_counts(self.router_metrics_url)
-        names = dict(zip(self.worker_urls, self.worker_names))
-        return {names.get(url, url): n for url, n in by_url.items()}
+        out = {name: by_url.pop(url.rstrip("/"), 0) for url, name in zip(self.worker_urls, self.worker_names)}
+        out.update(by_url)          # a worker the router knows that this deployment did not start
+        return out
 
 
 @contextmanager
