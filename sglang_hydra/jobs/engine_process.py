@@ -68,24 +68,25 @@ def shipped_model_dir(model_path: Optional[str]) -> Optional[Path]:
     return d if (d / "config.json").is_file() else None
 
 
-def server_flags(record, *, label: Optional[str] = None) -> List[str]:
+def server_flags(record, *, label: Optional[str] = None, adapt: bool = True) -> List[str]:
     """The flags of ``sglang.launch_server`` for this record on this machine.
 
     What ``job=resolve job.format=argv`` prints (the settings given), plus, on a CPU, the CPU
     settings the user left unset, ``--model-path`` pointing at a shipped checkpoint, and with
     ``label`` the server's name as its ``--weight-version`` (every response's ``meta_info``
-    then says which server answered it) unless a weight version was written."""
+    then says which server answered it) unless a weight version was written.  ``adapt=False``
+    (a stand-in server module): the settings given, the label, nothing else."""
     from ..config.legacy import to_argv
     from ..config.record import collect_fields
     fields = collect_fields()
     defaults = {n: fi.default_value() for n, fi in fields.items()}
     values = dict(record.raw_input) or dict(record.to_dict())
-    if on_cpu(record):
+    if adapt and on_cpu(record):
         values["device"] = "cpu"
         for name, value in CPU_SETTINGS.items():
             if not record.is_explicit(name):
                 values[name] = getattr(record, name, None) or value
-    shipped = shipped_model_dir(getattr(record, "model_path", None))
+    shipped = shipped_model_dir(getattr(record, "model_path", None)) if adapt else None
     if shipped is not None:
         values["model_path"] = str(shipped)
     if label is not None and not record.is_explicit("weight_version"):

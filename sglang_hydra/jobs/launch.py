@@ -61,12 +61,12 @@ def plan_children(dep: Deployment, job: dict, *, label_servers: bool = False,
     says which server answered); ``plugin_overlay`` is put on the servers' PYTHONPATH."""
     python = engine_python(job)
     module = job.get("server_module") or "sglang.launch_server"
+    real = _real_engine(job)         # a stand-in server module gets the record's flags as given
     out = []
     for s in dep.servers:
-        env = server_env(s.record, plugin_overlay=plugin_overlay)
-        out.append(ChildPlan(s.name, (python, "-m", module, *server_flags(s.record, label=s.name if label_servers
-                                                                           else None)),
-                             f"{s.url}/health", env))
+        env = server_env(s.record, plugin_overlay=plugin_overlay) if real else {}
+        flags = server_flags(s.record, label=s.name if label_servers else None, adapt=real)
+        out.append(ChildPlan(s.name, (python, "-m", module, *flags), f"{s.url}/health", env))
     if dep.router is not None:
         out.append(ChildPlan("router", (router_python(job), "-m", job.get("router_module") or
                                         "sglang_router.launch_router", *router_argv(dep)), f"{dep.router.url}/health"))
