@@ -48,6 +48,7 @@ class ChildPlan:
     command: Tuple[str, ...]
     health_url: str
     env: Mapping[str, str] = field(default_factory=dict, compare=False)   # set on top of this environment
+    workers: Tuple[str, ...] = ()     # a router: the worker URLs it must list (in /workers) to be ready
 
     def environment(self) -> Dict[str, str]:
         return dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
@@ -69,7 +70,8 @@ def plan_children(dep: Deployment, job: dict, *, label_servers: bool = False,
         out.append(ChildPlan(s.name, (python, "-m", module, *flags), f"{s.url}/health", env))
     if dep.router is not None:
         out.append(ChildPlan("router", (router_python(job), "-m", job.get("router_module") or
-                                        "sglang_router.launch_router", *router_argv(dep)), f"{dep.router.url}/health"))
+                                        "sglang_router.launch_router", *router_argv(dep)), f"{dep.router.url}/health",
+                             workers=tuple(s.url for s in dep.servers) if _real_engine(job) else ()))
     return out
 
 
@@ -287,6 +289,31 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _lists_workers(plan: ChildPlan) -> bool:
+    """Whether a router lists every worker of the plan as registered (and healthy when it says).
+
+    sglang-router 0.3.2 answers /health at once and registers its workers in the background;
+    a request sent before that gets 503, so the router is ready when ``/workers`` lists them all."""
+    if not plan.workers:
+        return True
+    import json
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(plan.health_url.rsplit("/health", 1)[0] + "/workers", timeout=_HEALTH_REQUEST_TIMEOUT_S) as r:
+            listed = json.loads(r.read().decode("utf-8", "replace"))
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    entries = listed.get("workers", []) if isinstance(listed, dict) else listed
+    ready = set()
+    for w in entries if isinstance(entries, list) else []:
+        if not isinstance(w, dict):
+            continue
+        url = str(w.get("url") or w.get("worker_url") or "").rstrip("/")
+        if w.get("is_healthy", True) is not False:
+            ready.add(url)
+    return all(u.rstrip("/") in ready for u in plan.workers)
+
+
 def _parent_death_signal() -> Optional[Callable[[], None]]:
     """A pre-exec hook that has Linux SIGKILL the child when the launching thread dies, so a
     launcher killed outright (SIGKILL, an OOM kill) leaves no server behind (SGLang's own workers
@@ -427,7 +454,7 @@ class _Supervisor:
             status = self._check()
             if status is not None:
                 return status
-            waiting = [p for p in waiting if not _healthy(p.health_url)]
+            waiting = [p for p in waiting if not (_healthy(p.health_url) and _lists_workers(p))]
             for p in group:
                 if p not in waiting and p.role not in announced:
                     announced.add(p.role)
