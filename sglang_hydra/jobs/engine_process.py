@@ -48,11 +48,12 @@ _PLUGIN_MODULES = ("sglang_plugin.py", "hit_density_core.py")
 
 def engine_python(job: Mapping) -> str:
     """``job.python``, else ``$SGLANG_HYDRA_ENGINE_PYTHON``, else this interpreter."""
-    return job.get("python") or os.environ.get(ENGINE_PYTHON_ENV) or sys.executable
+    python = job.get("python") or os.environ.get(ENGINE_PYTHON_ENV) or sys.executable
+    return os.path.expanduser(str(python))
 
 
 def router_python(job: Mapping) -> str:
-    return job.get("router_python") or engine_python(job)
+    return os.path.expanduser(str(job["router_python"])) if job.get("router_python") else engine_python(job)
 
 
 def on_cpu(record) -> bool:

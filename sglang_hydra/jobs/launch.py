@@ -1,14 +1,21 @@
 """``job=launch``: start the SGLang server(s) the record or deployment describes, and keep them as one.
 
-Each server runs as ``<job.python> -m sglang.launch_server <the record's reference flags>`` (the
-same flags ``job=resolve job.format=argv`` prints); with ``deploy=pd`` the router starts once both
-servers answer ``/health``.  Their output is streamed with a role prefix (``[prefill] ...``).
+Each server runs as ``<job.python> -m sglang.launch_server <flags>``: the record's flags (what
+``job=resolve job.format=argv`` prints) and, for a server on a CPU, what SGLang needs there
+(:mod:`.engine_process`: the CPU settings left unset, the torch ``sgl_kernel``, a shipped model
+directory, the engine plugin when the policy needs it).  With a router (``deploy=pd`` or
+``deploy.workers>1``) the router starts once every server answers ``/health`` and is ready when
+it lists them all.  Their output is streamed with a role prefix (``[prefill] ...``).
 The group lives and dies together: Ctrl-C or SIGTERM is passed to every child, and when one child
 exits the others are stopped and the launch exits with that child's status.
 
 Before anything starts, the interpreters are checked for the modules they must run and every
 port the deployment binds is checked to be free; either failing is a configuration error (exit 2)
-that says what to change.  ``job.dry_run=true`` prints the command lines and starts nothing.
+that says what to change.  ``job.dry_run=true`` prints the command lines, checks that each
+interpreter imports what it must run, and starts nothing.
+
+:func:`running_deployment` is the same for other jobs (``job=validate``, ``job=calibrate`` via
+the engine): a context manager that yields the running deployment's URLs and stops it on exit.
 """
 from __future__ import annotations
 
