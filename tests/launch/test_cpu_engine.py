@@ -230,16 +230,17 @@ def test_api_two_workers_behind_the_router(engine_python, tmp_path):
 
 
 @pytest.mark.reference
-def test_cli_single_server_with_our_policy_through_the_plugin(engine_python, tmp_path):
-    """`sglang-hydra job=launch model=tiny_llama memory.radix_eviction_policy=ghost_lru`: the engine
-    venv has no sglang-hydra, so the launch puts the plugin on the server's path; SGLang accepts
-    the policy, serves with it, and SIGTERM stops everything."""
+def test_cli_server_with_two_dp_ranks_and_our_policy_through_the_plugin(engine_python, tmp_path):
+    """`sglang-hydra job=launch model=tiny_llama parallel.dp_size=2 memory.radix_eviction_policy=ghost_lru`:
+    the engine venv has no sglang-hydra, so the launch puts the plugin on the server's path; SGLang
+    accepts the policy, both data-parallel schedulers serve, and SIGTERM stops everything."""
     (port,) = _free_ports(1)
     out = (tmp_path / "stdout.txt").open("wb")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "sglang_hydra", "model=tiny_llama", "device.device=cpu",
                              "schedule.page_size=16", "schedule.max_total_tokens=20000", f"serving.port={port}",
-                             "memory.radix_eviction_policy=ghost_lru", "job=launch", f"job.python={engine_python}",
+                             "memory.radix_eviction_policy=ghost_lru", "parallel.dp_size=2", "job=launch",
+                             f"job.python={engine_python}",
                              "job.stop_timeout=20", "job.health_timeout=300"],
                             cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, env=env)
     pids = []
@@ -252,9 +253,12 @@ def test_cli_single_server_with_our_policy_through_the_plugin(engine_python, tmp
         pids = [proc.pid, *_descendants(proc.pid)]
         url = f"http://127.0.0.1:{port}"
         prompt = _prompt(7, 200)
-        assert _generate(url, prompt)["meta_info"]["cached_tokens"] == 0
-        meta = _generate(url, prompt + _prompt(8, 40))["meta_info"]
-        assert (meta["prompt_tokens"], meta["cached_tokens"]) == (240, 192)    # the shared 200, whole pages
+        metas = [_generate(url, prompt + _prompt(8 + i, 40))["meta_info"] for i in range(4)]
+        assert {m["dp_rank"] for m in metas} == {0, 1}          # both schedulers served
+        for rank in (0, 1):     # on each rank the first request misses, later ones hit the shared 200, whole pages
+            cached = [m["cached_tokens"] for m in metas if m["dp_rank"] == rank]
+            assert cached[0] == 0 and all(c == 192 for c in cached[1:]), metas
+        assert all(m["prompt_tokens"] == 240 for m in metas)
         text = (tmp_path / "stdout.txt").read_text(errors="replace")
         # SGLang's own argument parser accepted the policy: only the plugin adds it to the choices
         assert "--radix-eviction-policy ghost_lru" in text and "'radix_eviction_policy': 'ghost_lru'" in text
@@ -265,7 +269,7 @@ def test_cli_single_server_with_our_policy_through_the_plugin(engine_python, tmp
             proc.kill()
             proc.wait(timeout=30)
         out.close()
-    assert len(pids) >= 4         # the launch, SGLang's launcher, scheduler, detokenizer
+    assert len(pids) >= 5         # the launch, SGLang's launcher, DP controller, 2 schedulers, detokenizer
     leftover = [p for p in pids[1:] if pid_alive(p)]
     for p in leftover:
         os.kill(p, signal.SIGKILL)
