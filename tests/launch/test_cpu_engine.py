@@ -274,3 +274,32 @@ def test_cli_server_with_two_dp_ranks_and_our_policy_through_the_plugin(engine_p
     for p in leftover:
         os.kill(p, signal.SIGKILL)
     assert not leftover
+
+
+_AMX_PROBE = """
+import json, torch
+from sglang.srt.utils.common import cpu_has_amx_support, is_cpu
+from sglang.srt.layers import activation, layernorm
+from sglang.srt.layers.rotary_embedding import base as rope_base
+import sgl_kernel
+norm = layernorm.RMSNorm(64, eps=1e-6)
+x = torch.randn(5, 64)
+print(json.dumps({"is_cpu": is_cpu(), "amx": cpu_has_amx_support(), "kernel_file": sgl_kernel.__file__,
+                  "flags": [layernorm._is_cpu_amx_available, activation._is_cpu_amx_available,
+                            rope_base._is_cpu_amx_available],
+                  "norm_is_native": bool(torch.equal(norm(x.clone()), norm.forward_native(x.clone())))}))
+"""
+
+
+@pytest.mark.reference
+def test_without_the_amx_op_sglang_layers_run_plain_torch(engine_python):
+    """In a CPU server's environment SGLang imports our sgl_kernel, finds no
+    ``convert_weight_packed`` op, and its layers (norm, activation, rotary) take their plain-torch
+    code: an RMSNorm through its own dispatch equals its ``forward_native``."""
+    env = dict(os.environ, **server_env(_record()))
+    r = subprocess.run([engine_python, "-c", _AMX_PROBE], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["is_cpu"] is True and got["amx"] is False and got["flags"] == [False, False, False]
+    assert got["kernel_file"] == str(KERNEL_SHIM_DIR / "sgl_kernel" / "__init__.py")
+    assert got["norm_is_native"] is True
