@@ -313,11 +313,10 @@ def _lists_workers(plan: ChildPlan) -> bool:
     entries = listed.get("workers", []) if isinstance(listed, dict) else listed
     ready = set()
     for w in entries if isinstance(entries, list) else []:
-        if not isinstance(w, dict):
-            continue
-        url = str(w.get("url") or w.get("worker_url") or "").rstrip("/")
-        if w.get("is_healthy", True) is not False:
-            ready.add(url)
+        if isinstance(w, dict) and w.get("is_healthy", True) is not False:   # any field that holds its URL
+            ready.update(str(v).rstrip("/") for v in w.values() if isinstance(v, str))
+        elif isinstance(w, str):
+            ready.add(w.rstrip("/"))
     return all(u.rstrip("/") in ready for u in plan.workers)
 
 

@@ -131,6 +131,39 @@ smg_worker_requests_active{worker="http://127.0.0.1:31000"} 0
     assert parse_worker_counts("") == {}
 
 
+def test_a_router_is_ready_when_it_lists_every_server_healthy():
+    """sglang-router 0.3.2 answers /health before it has registered its workers; the launch waits
+    until /workers lists each one (healthy), whatever field holds its URL."""
+    import http.server
+    import threading
+    from sglang_hydra.jobs.launch import ChildPlan, _lists_workers
+    listing = {"workers": []}
+
+    class Workers(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(json.dumps(listing).encode())
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Workers)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        plan = ChildPlan("router", (), f"http://127.0.0.1:{srv.server_port}/health",
+                         workers=("http://127.0.0.1:1", "http://127.0.0.1:2"))
+        assert not _lists_workers(plan)                                       # none registered yet
+        listing["workers"] = [{"id": "a", "url": "http://127.0.0.1:1", "is_healthy": True},
+                              {"id": "b", "url": "http://127.0.0.1:2/", "is_healthy": False}]
+        assert not _lists_workers(plan)                                       # one not healthy
+        listing["workers"][1]["is_healthy"] = True
+        assert _lists_workers(plan)
+        assert _lists_workers(ChildPlan("router", (), plan.health_url))       # a stand-in router: no list
+    finally:
+        srv.shutdown()
+
+
 def test_dry_run_on_a_cpu_prints_the_environment_and_checks_each_interpreter(tmp_path):
     r = cli("model=tiny_llama", "device.device=cpu", "schedule.page_size=16", "job=launch", "job.dry_run=true",
             "job.python=/nonexistent/python", "deploy.workers=2", "deploy.router_policy=round_robin", cwd=tmp_path)
