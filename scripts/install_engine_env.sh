@@ -16,8 +16,8 @@
 #      transformers to what steps 1-2 installed, so nothing is silently up- or downgraded.
 #   5. sglang-router 0.3.2 (a self-contained Rust wheel) so the router runs from the same venv.
 # SGLang's CPU kernel build (`sgl_kernel`, not on PyPI) is not installed here: job=launch puts the
-# torch implementation shipped in sglang_hydra/engine_shims/ on the server's path when the target
-# has no GPU.
+# torch implementation shipped in sglang_hydra/engine_assets/ on the server's path when the server
+# runs on a CPU.
 set -euo pipefail
 
 if [ $# -ne 1 ] || [ -z "$1" ]; then
@@ -93,13 +93,9 @@ if ! have sglang-router==0.3.2; then
   "${PIP[@]}" -c "$CONSTRAINTS" sglang-router==0.3.2 || echo "note: sglang-router==0.3.2 did not install" >&2
 fi
 
-# The two uses must import: the config oracle and the server's entry modules.
+# The two uses must import: the config oracle, and the server's entry modules on a CPU with the
+# torch sgl_kernel that job=launch puts on a CPU server's path.
 "$PY" -c "import sglang.srt.server_args, sglang.srt.mem_cache.unified_radix_cache"
-SGLANG_USE_CPU_ENGINE=1 "$PY" -c "import sglang.srt.entrypoints.http_server, sglang.srt.managers.scheduler, \
-sglang.srt.managers.detokenizer_manager" 2>/dev/null || {
-  # sgl_kernel is absent on purpose (job=launch provides it); show any other import error
-  PYTHONPATH="$(cd "$(dirname "$0")/.." && pwd)/sglang_hydra/engine_shims${PYTHONPATH:+:$PYTHONPATH}" \
-    SGLANG_USE_CPU_ENGINE=1 "$PY" -c "import sglang.srt.entrypoints.http_server, sglang.srt.managers.scheduler, \
-sglang.srt.managers.detokenizer_manager"
-}
+PYTHONPATH="$(cd "$(dirname "$0")/.." && pwd)/sglang_hydra/engine_assets" SGLANG_USE_CPU_ENGINE=1 "$PY" -c \
+  "import sglang.srt.entrypoints.http_server, sglang.srt.managers.scheduler, sglang.srt.managers.detokenizer_manager"
 echo "engine env ready in $VENV ($(( $(date +%s) - t0 )) s)"

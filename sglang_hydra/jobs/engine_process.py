@@ -48,11 +48,12 @@ _PLUGIN_MODULES = ("sglang_plugin.py", "hit_density_core.py")
 
 def engine_python(job: Mapping) -> str:
     """``job.python``, else ``$SGLANG_HYDRA_ENGINE_PYTHON``, else this interpreter."""
-    return job.get("python") or os.environ.get(ENGINE_PYTHON_ENV) or sys.executable
+    python = job.get("python") or os.environ.get(ENGINE_PYTHON_ENV) or sys.executable
+    return os.path.expanduser(str(python))
 
 
 def router_python(job: Mapping) -> str:
-    return job.get("router_python") or engine_python(job)
+    return os.path.expanduser(str(job["router_python"])) if job.get("router_python") else engine_python(job)
 
 
 def on_cpu(record) -> bool:
@@ -68,24 +69,25 @@ def shipped_model_dir(model_path: Optional[str]) -> Optional[Path]:
     return d if (d / "config.json").is_file() else None
 
 
-def server_flags(record, *, label: Optional[str] = None) -> List[str]:
+def server_flags(record, *, label: Optional[str] = None, adapt: bool = True) -> List[str]:
     """The flags of ``sglang.launch_server`` for this record on this machine.
 
     What ``job=resolve job.format=argv`` prints (the settings given), plus, on a CPU, the CPU
     settings the user left unset, ``--model-path`` pointing at a shipped checkpoint, and with
     ``label`` the server's name as its ``--weight-version`` (every response's ``meta_info``
-    then says which server answered it) unless a weight version was written."""
+    then says which server answered it) unless a weight version was written.  ``adapt=False``
+    (a stand-in server module): the settings given, the label, nothing else."""
     from ..config.legacy import to_argv
     from ..config.record import collect_fields
     fields = collect_fields()
     defaults = {n: fi.default_value() for n, fi in fields.items()}
     values = dict(record.raw_input) or dict(record.to_dict())
-    if on_cpu(record):
+    if adapt and on_cpu(record):
         values["device"] = "cpu"
         for name, value in CPU_SETTINGS.items():
             if not record.is_explicit(name):
                 values[name] = getattr(record, name, None) or value
-    shipped = shipped_model_dir(getattr(record, "model_path", None))
+    shipped = shipped_model_dir(getattr(record, "model_path", None)) if adapt else None
     if shipped is not None:
         values["model_path"] = str(shipped)
     if label is not None and not record.is_explicit("weight_version"):
@@ -102,12 +104,38 @@ def server_env(record, *, plugin_overlay: Optional[Path] = None,
     if on_cpu(record):
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         extra_path.append(str(KERNEL_SHIM_DIR))
+        if "SGLANG_CPU_OMP_THREADS_BIND" not in os.environ:
+            env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_threads_bind(record)
     if plugin_overlay is not None:
         extra_path.append(str(plugin_overlay))
     if extra_path:
         inherited = os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath
         env["PYTHONPATH"] = os.pathsep.join(extra_path + [p for p in inherited.split(os.pathsep) if p])
     return env
+
+
+def cpu_threads_bind(record, cores: Optional[List[int]] = None) -> str:
+    """``SGLANG_CPU_OMP_THREADS_BIND`` for a CPU server: one core group per device id it uses.
+
+    On a CPU SGLang takes each rank's device id (``base_gpu_id`` + k x ``gpu_id_step``) as a NUMA
+    node index and refuses one past the machine's nodes (one here), so a second server of a
+    deployment (``--base-gpu-id 1``) or ``dp_size=2`` would not start; with this list every id
+    has an entry.  The groups split this process's cores evenly (cores are shared when there
+    are more ids than cores)."""
+    if cores is None:
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    ranks = 1
+    for name in ("dp_size", "tp_size", "pp_size"):
+        ranks *= max(1, int(getattr(record, name, 1) or 1))
+    base = max(0, int(getattr(record, "base_gpu_id", 0) or 0))
+    step = max(1, int(getattr(record, "gpu_id_step", 1) or 1))
+    entries = base + (ranks - 1) * step + 1
+    if entries <= len(cores):
+        size = len(cores) // entries
+        groups = [cores[i * size:(i + 1) * size] for i in range(entries)]
+    else:
+        groups = [[cores[i % len(cores)]] for i in range(entries)]
+    return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
 
 
 def needs_plugin(record) -> bool:

@@ -1,14 +1,21 @@
 """``job=launch``: start the SGLang server(s) the record or deployment describes, and keep them as one.
 
-Each server runs as ``<job.python> -m sglang.launch_server <the record's reference flags>`` (the
-same flags ``job=resolve job.format=argv`` prints); with ``deploy=pd`` the router starts once both
-servers answer ``/health``.  Their output is streamed with a role prefix (``[prefill] ...``).
+Each server runs as ``<job.python> -m sglang.launch_server <flags>``: the record's flags (what
+``job=resolve job.format=argv`` prints) and, for a server on a CPU, what SGLang needs there
+(:mod:`.engine_process`: the CPU settings left unset, the torch ``sgl_kernel``, a shipped model
+directory, the engine plugin when the policy needs it).  With a router (``deploy=pd`` or
+``deploy.workers>1``) the router starts once every server answers ``/health`` and is ready when
+it lists them all.  Their output is streamed with a role prefix (``[prefill] ...``).
 The group lives and dies together: Ctrl-C or SIGTERM is passed to every child, and when one child
 exits the others are stopped and the launch exits with that child's status.
 
 Before anything starts, the interpreters are checked for the modules they must run and every
 port the deployment binds is checked to be free; either failing is a configuration error (exit 2)
-that says what to change.  ``job.dry_run=true`` prints the command lines and starts nothing.
+that says what to change.  ``job.dry_run=true`` prints the command lines, checks that each
+interpreter imports what it must run, and starts nothing.
+
+:func:`running_deployment` is the same for other jobs (``job=validate``, ``job=calibrate`` via
+the engine): a context manager that yields the running deployment's URLs and stops it on exit.
 """
 from __future__ import annotations
 
@@ -48,6 +55,7 @@ class ChildPlan:
     command: Tuple[str, ...]
     health_url: str
     env: Mapping[str, str] = field(default_factory=dict, compare=False)   # set on top of this environment
+    workers: Tuple[str, ...] = ()     # a router: the worker URLs it must list (in /workers) to be ready
 
     def environment(self) -> Dict[str, str]:
         return dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
@@ -61,15 +69,16 @@ def plan_children(dep: Deployment, job: dict, *, label_servers: bool = False,
     says which server answered); ``plugin_overlay`` is put on the servers' PYTHONPATH."""
     python = engine_python(job)
     module = job.get("server_module") or "sglang.launch_server"
+    real = _real_engine(job)         # a stand-in server module gets the record's flags as given
     out = []
     for s in dep.servers:
-        env = server_env(s.record, plugin_overlay=plugin_overlay)
-        out.append(ChildPlan(s.name, (python, "-m", module, *server_flags(s.record, label=s.name if label_servers
-                                                                           else None)),
-                             f"{s.url}/health", env))
+        env = server_env(s.record, plugin_overlay=plugin_overlay) if real else {}
+        flags = server_flags(s.record, label=s.name if label_servers else None, adapt=real)
+        out.append(ChildPlan(s.name, (python, "-m", module, *flags), f"{s.url}/health", env))
     if dep.router is not None:
         out.append(ChildPlan("router", (router_python(job), "-m", job.get("router_module") or
-                                        "sglang_router.launch_router", *router_argv(dep)), f"{dep.router.url}/health"))
+                                        "sglang_router.launch_router", *router_argv(dep)), f"{dep.router.url}/health",
+                             workers=tuple(s.url for s in dep.servers) if _real_engine(job) else ()))
     return out
 
 
@@ -287,6 +296,30 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _lists_workers(plan: ChildPlan) -> bool:
+    """Whether a router lists every worker of the plan as registered (and healthy when it says).
+
+    sglang-router 0.3.2 answers /health at once and registers its workers in the background;
+    a request sent before that gets 503, so the router is ready when ``/workers`` lists them all."""
+    if not plan.workers:
+        return True
+    import json
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(plan.health_url.rsplit("/health", 1)[0] + "/workers", timeout=_HEALTH_REQUEST_TIMEOUT_S) as r:
+            listed = json.loads(r.read().decode("utf-8", "replace"))
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    entries = listed.get("workers", []) if isinstance(listed, dict) else listed
+    ready = set()
+    for w in entries if isinstance(entries, list) else []:
+        if isinstance(w, dict) and w.get("is_healthy", True) is not False:   # any field that holds its URL
+            ready.update(str(v).rstrip("/") for v in w.values() if isinstance(v, str))
+        elif isinstance(w, str):
+            ready.add(w.rstrip("/"))
+    return all(u.rstrip("/") in ready for u in plan.workers)
+
+
 def _parent_death_signal() -> Optional[Callable[[], None]]:
     """A pre-exec hook that has Linux SIGKILL the child when the launching thread dies, so a
     launcher killed outright (SIGKILL, an OOM kill) leaves no server behind (SGLang's own workers
@@ -427,7 +460,7 @@ class _Supervisor:
             status = self._check()
             if status is not None:
                 return status
-            waiting = [p for p in waiting if not _healthy(p.health_url)]
+            waiting = [p for p in waiting if not (_healthy(p.health_url) and _lists_workers(p))]
             for p in group:
                 if p not in waiting and p.role not in announced:
                     announced.add(p.role)
@@ -561,8 +594,9 @@ class RunningDeployment:
             raise LaunchFailed("this deployment has no router, so nothing counts requests per worker")
         from .router_metrics import router_worker_counts
         by_url = router_worker_counts(self.router_metrics_url)
-        names = dict(zip(self.worker_urls, self.worker_names))
-        return {names.get(url, url): n for url, n in by_url.items()}
+        out = {name: by_url.pop(url.rstrip("/"), 0) for url, name in zip(self.worker_urls, self.worker_names)}
+        out.update(by_url)          # a worker the router knows that this deployment did not start
+        return out
 
 
 @contextmanager

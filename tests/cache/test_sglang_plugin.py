@@ -145,10 +145,13 @@ def test_replay_only_policies_cannot_be_deployed(tmp_path):
     assert "--radix-eviction-policy auto_ghost_lfu" in r.stdout
     assert "note: memory.radix_eviction_policy: 'auto_ghost_lfu' is a replay-only policy" in r.stderr
     for policy in ("span_lru", "ghost_lru"):
+        # job=launch carries the plugin to its servers itself (an overlay on their PYTHONPATH,
+        # docs/launch.md), so an interpreter without it is no problem; this one fails for its own
+        # reasons (no SGLang, a test geometry), and only those are reported
         r = run("job=launch", f"memory.radix_eviction_policy={policy}", f"job.python={_no_plugin_python(tmp_path)}",
                 cwd=tmp_path)
         assert r.returncode == 2 and "Traceback" not in r.stderr
-        assert f"'{policy}' runs in SGLang only through sglang-hydra's engine plugin" in r.stderr
+        assert "engine plugin" not in r.stderr and "cannot import 'sglang'" in r.stderr
 
 
 def test_ghost_lru_is_not_replay_only_for_launch(tmp_path):

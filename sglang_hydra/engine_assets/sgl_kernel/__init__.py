@@ -40,16 +40,18 @@ def assign_req_to_token_pool_cpu(req_pool_indices: torch.Tensor, req_to_token: t
     ends = end_offset.tolist()
     if not len(rows) == len(starts) == len(ends):
         raise ValueError("req_pool_indices, start_offset and end_offset must have one entry per request")
+    need = 0
+    for row, start, end in zip(rows, starts, ends):
+        if start < 0 or end < start or end > pool_len:
+            raise ValueError(f"request row {row}: slots [{start}, {end}) do not fit a row of {pool_len}")
+        need += end - start
+    if need > out_cache_loc.numel():
+        raise ValueError(f"out_cache_loc has {out_cache_loc.numel()} slots, the requests need {need}")
     offset = 0
     for row, start, end in zip(rows, starts, ends):
-        n = end - start
-        if n < 0 or start < 0 or end > pool_len:
-            raise ValueError(f"request row {row}: slots [{start}, {end}) do not fit a row of {pool_len}")
-        if n:
-            req_to_token[row, start:end] = out_cache_loc[offset:offset + n].to(req_to_token.dtype)
-        offset += n
-    if offset > out_cache_loc.numel():
-        raise ValueError(f"out_cache_loc has {out_cache_loc.numel()} slots, the requests need {offset}")
+        if end > start:
+            req_to_token[row, start:end] = out_cache_loc[offset:offset + end - start].to(req_to_token.dtype)
+        offset += end - start
 
 
 def _rows_view(address: int, row_bytes: int, rows: int) -> torch.Tensor:
