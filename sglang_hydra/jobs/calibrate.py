@@ -244,8 +244,8 @@ def _field(hw, name):
 
 
 def run(record, job: dict, ctx: JobContext) -> Dict[str, Any]:
-    via = job.get("via")
-    if via is None:
+    via = job.get("via") or "auto"
+    if via == "auto":
         import torch
         via = "kernels" if torch.cuda.is_available() or job.get("device") == "cpu" else "engine"
     if via == "engine":

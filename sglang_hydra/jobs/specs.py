@@ -114,7 +114,7 @@ class CalibrateJob:
     """Measure prefill efficiency and host<->device bandwidth on this GPU; write a hardware preset."""
 
     name: str = "calibrate"
-    via: Optional[str] = None            # kernels | engine; unset: kernels on a GPU, the real engine without one
+    via: str = "auto"                    # auto | kernels | engine; auto: kernels on a GPU, the real engine without one
     device: str = "cuda"                 # kernels: cuda | cpu (cpu: a rehearsal with tiny shapes, not a calibration)
     python: Optional[str] = None         # engine: the interpreter that has SGLang (as job=launch)
     health_timeout: float = 600.0        # engine: seconds for the server to answer /health
@@ -249,7 +249,7 @@ JOB_SPECS: Dict[str, JobSpec] = {
         "mode": (None, "device_only", "sim", "full", "metadata"), "objective": tuple(OBJECTIVES),
         "arrival": ("spread", "as_is", "poisson"), "cache_semantics": ("rules", "sglang")}),
     "calibrate": JobSpec(CalibrateJob, "sglang_hydra.jobs.calibrate:run", {
-        "device": ("cuda", "cpu"), "format": ("table", "json"), "via": ("kernels", "engine")}),
+        "device": ("cuda", "cpu"), "format": ("table", "json"), "via": ("auto", "kernels", "engine")}),
     "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd_transfer:run_side"),
     "pd_pair": JobSpec(PdPairJob, "sglang_hydra.jobs.pd_transfer:run_pair", {"format": ("table", "json")}),
     "launch": JobSpec(LaunchJob, "sglang_hydra.jobs.launch:run"),

@@ -165,13 +165,14 @@ def test_an_optuna_study_whose_every_trial_fails_still_leaves_its_summary(tmp_pa
 def test_a_saturated_point_is_said_and_never_the_best(tmp_path):
     """One H100 cannot keep up with the sample at its real rate; at 1/200 of it, it can.  The
     saturated point is a status of its own in the table and the terminal, and the best point
-    by P90 TTFT is the unsaturated one (the replay's schema-2 metrics state it)."""
+    by P90 TTFT is the unsaturated one (the replay's metrics state it)."""
     sweep = tmp_path / "sweep"
     r = run("-m", "model=llama3_8b", "model.context_length=131072", "hardware=h100_80gb", "job.time_scale=1,200",
             "job.max_requests=300", "job.objective=ttft_p90_ms", f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     import json
-    assert json.loads((sweep / "0" / "metrics.json").read_text())["schema_version"] == 2
+    from sglang_hydra.workload.metrics import SCHEMA_VERSION
+    assert json.loads((sweep / "0" / "metrics.json").read_text())["schema_version"] == SCHEMA_VERSION
     rows = {row["job.time_scale"]: row for row in rows_of(sweep / "summary.csv")}
     assert rows["1"]["status"] == "saturated" and rows["200"]["status"] == "ok"
     assert "1 saturated" in r.stdout and "run 0 [job.time_scale=1]" in r.stdout

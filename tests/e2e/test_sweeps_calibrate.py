@@ -24,8 +24,17 @@ def _cuda():
 
 
 @pytest.mark.skipif(_cuda(), reason="this machine has a GPU")
-def test_calibrate_without_a_gpu_exits_2_saying_so(tmp_path):
-    r = run("job=calibrate", cwd=tmp_path)
+def test_calibrate_without_a_gpu_measures_through_the_engine(tmp_path):
+    """Without a GPU, job=calibrate launches the real engine (docs/validate.md); an interpreter
+    without SGLang and a model without a checkpoint are named before anything starts."""
+    r = run("job=calibrate", "job.python=" + sys.executable, cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "job.python" in r.stderr and "cannot import 'sglang'" in r.stderr and "Traceback" not in r.stderr
+    assert "tiny_llama" in r.stderr          # the model preset a CPU engine can serve is offered
+
+
+def test_calibrate_the_kernels_without_a_gpu_exits_2_saying_so(tmp_path):
+    r = run("job=calibrate", "job.via=kernels", cwd=tmp_path)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "needs a CUDA GPU" in r.stderr and "job.device=cpu" in r.stderr and "Traceback" not in r.stderr
 

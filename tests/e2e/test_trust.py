@@ -251,8 +251,9 @@ def test_the_example_config_file_works(tmp_path):
     assert rec["page_size"] == 32                           # the command line wins over the file
     assert not any(k.startswith("_") for k in rec)          # internal fields are not shown
     # the same file launches (the issue's `--config server.yaml job=launch`), here as a dry run
+    # device.device=cuda: the lines a GPU machine runs (without a GPU the record resolves to the CPU)
     r = run("--config", str(ROOT / "docs" / "examples" / "server.yaml"), "job=launch", "job.dry_run=true",
-            cwd=tmp_path)
+            "device.device=cuda", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     server = r.stdout.splitlines()[1].split()
     assert server[1:3] == ["-m", "sglang.launch_server"]
