@@ -53,7 +53,7 @@ class ReplayJob:
     max_requests: Optional[int] = None
     mode: Optional[str] = None           # metadata | sim | full; unset: sim with HiCache, else metadata
     policy: Optional[str] = None         # replay-only policies (belady, fifo) override the record's
-    arrival: str = "spread"              # spread | as_is | poisson (docs/whatif.md)
+    arrival: str = "spread"              # spread | as_is | poisson | sequential (docs/whatif.md)
     sla: SlaSettings = field(default_factory=SlaSettings)
     cache_semantics: str = "rules"       # rules | sglang: how the prefix cache stamps and evicts
     tail_threshold_tokens: int = 4096
@@ -199,7 +199,7 @@ JOB_SPECS: Dict[str, JobSpec] = {
     "replay": JobSpec(ReplayJob, "sglang_hydra.jobs.replay:run", {
         "format": ("table", "json"), "on_bad_line": ("fail", "skip"), "workload": ("trace", "synthetic"),
         "mode": (None, "metadata", "sim", "full"), "objective": tuple(OBJECTIVES),
-        "arrival": ("spread", "as_is", "poisson"), "cache_semantics": ("rules", "sglang")}),
+        "arrival": ("spread", "as_is", "poisson", "sequential"), "cache_semantics": ("rules", "sglang")}),
     "calibrate": JobSpec(CalibrateJob, "sglang_hydra.jobs.calibrate:run", {
         "device": ("cuda", "cpu"), "format": ("table", "json")}),
     "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd:run_side"),

@@ -51,6 +51,16 @@ CLIP_MAX_NEW_TOKENS = 4096
 INF = float("inf")
 
 
+def _output_key(s: "SimRequest") -> int:
+    """The key of a request's generated tokens.  A deterministic engine (greedy decoding, one
+    request at a time) generates the same tokens after the same prompt, so the key names the
+    prompt (its blocks and length); it never equals a prompt block's key (bit 62 set)."""
+    import hashlib
+    h = hashlib.blake2b(digest_size=8)
+    h.update(repr((tuple(s.hash_ids) or tuple(s.keys), s.input_len)).encode())
+    return (int.from_bytes(h.digest(), "little") >> 2) | (1 << 62)
+
+
 class SimRequest:
     """One request's life in the simulation (times in seconds since the trace's start)."""
 
@@ -58,7 +68,10 @@ class SimRequest:
                  "device_hit", "host_hit", "storage_hit", "storage_wait_s", "new_total", "done_new",
                  "computed_tokens", "decoded", "held", "reserve", "first_token_s", "finish_s",
                  "prefill_start_s", "prefill_end_s", "transfer_s", "join_step", "finish_step", "retractions",
-                 "engine", "decode_engine", "state", "itl_first_s", "admitted_once", "hash_ids")
+                 "engine", "decode_engine", "state", "itl_first_s", "admitted_once", "hash_ids",
+                 # cache_semantics=sglang: the pinned tree node, pages the tree owns of this request,
+                 # pages it inserted, KV tokens it holds (SGLang's kv_committed_len), its output's key
+                 "node", "tree_pages", "inserted_pages", "kv_tokens", "out_key")
 
     def __init__(self, idx: int, arrival_s: float, input_len: int, output_len: int, keys, weights,
                  priority: int = 0):
@@ -91,6 +104,9 @@ class SimRequest:
         self.itl_first_s = 0.0          # gap before the first decoded token (added to the ITL samples)
         self.admitted_once = False
         self.hash_ids = ()
+        self.node = None
+        self.tree_pages = self.inserted_pages = self.kv_tokens = 0
+        self.out_key = None
 
 
 @dataclass
@@ -154,6 +170,15 @@ class Engine:
         self.exposed_load_s = 0.0
         self.retracted_now = False
         self._fresh: List[SimRequest] = []           # joined the decode batch since the last decode step
+        # cache_semantics=sglang: the tree and the requests share one paged pool (docs/whatif.md,
+        # "Follows the engine"); ``private`` counts the pages requests hold outside the tree
+        self._sg = bool(cache is not None and getattr(cache, "_engine", False) and role == "agg")
+        if self._sg:
+            self.page = int(cache.page_size)
+            self.pool_pages = spec.pool_tokens // self.page
+            self.private = 0
+            self._lru = getattr(cache.policy, "name", "") == "lru"
+            self._refresh_calls = 0
 
     # ------------------------------------------------------------------ load, as routers see it
     @property
@@ -177,7 +202,7 @@ class Engine:
         self.waiting.append(s)
         if len(self.waiting) > self.queue_peak:
             self.queue_peak = len(self.waiting)
-        if self.cache is not None:
+        if self.cache is not None and not self._sg:
             self.cache.arrive(s.idx, s.keys, s.weights, now)
 
     def fits_decode(self, s: SimRequest) -> bool:
@@ -226,7 +251,9 @@ class Engine:
         length = s.input_len
         extra = s.decoded          # a retracted request recomputes its generated tokens too
         d = h = a = 0
-        if self.cache is not None:
+        if self._sg:
+            a = d = self._sg_match(s, length + extra)
+        elif self.cache is not None:
             adm = self.cache.admit(s.idx, clock=self.clock, priority=s.priority, now_s=now)
             self.clock += 1
             ps = self.cache.page_size
@@ -247,6 +274,112 @@ class Engine:
         s.state = "prefill"
         if s.prefill_start_s is None:
             s.prefill_start_s = now
+
+    # ------------------------------------------------------------------ cache_semantics=sglang
+    def _sg_evict_for(self, tokens: int) -> None:
+        """SGLang's ``evict_to_free_tokens``: evict whole leaves until ``tokens`` are free."""
+        ps = self.page
+        free = (self.pool_pages - self.cache.size - self.private) * ps
+        if tokens > free:
+            self.cache.evict(-(-(tokens - free) // ps))
+
+    def _sg_hold(self, s: SimRequest, tokens: int) -> None:
+        """``s`` holds ``tokens`` more KV tokens (its new pages come from the pool)."""
+        ps = self.page
+        before = -(-s.kv_tokens // ps)
+        s.kv_tokens += tokens
+        self.private += -(-s.kv_tokens // ps) - before
+
+    def _sg_match(self, s: SimRequest, tokens: int) -> int:
+        """``init_next_round_input``: match at most ``tokens - 1`` tokens, page-aligned; pin
+        the match.  Returns the cached tokens."""
+        k, node = self.cache.engine_match(s.keys, s.weights, (tokens - 1) // self.page)
+        s.node = node
+        s.tree_pages = k
+        s.inserted_pages = 0
+        s.kv_tokens = k * self.page
+        if s.out_key is None:
+            s.out_key = _output_key(s)
+        return k * self.page
+
+    def _sg_refresh_waiting(self) -> None:
+        """The LRU waiting-prefix refresh of ``SchedulePolicy.calc_priority`` (every 32nd call,
+        the first 128 waiting requests, last first, each whole prompt page-aligned)."""
+        calls = self._refresh_calls
+        self._refresh_calls = calls + 1
+        if calls % 32:
+            return
+        ps = self.page
+        for w in reversed(list(self.waiting)[:128]):
+            self.cache.engine_touch(w.keys, w.weights, (w.input_len + w.decoded) // ps)
+
+    def _sg_alloc_extend(self, batch) -> None:
+        """``alloc_for_extend``: evict for the pass's new tokens plus one page per request
+        (SGLang's over-estimate when pages hold more than one token), then hold them."""
+        need = 0
+        for r, n in batch:
+            need += n
+        if self.page > 1:
+            need += len(batch) * self.page
+        self._sg_evict_for(need)
+        for r, n in batch:
+            self._sg_hold(r, n)
+
+    def _sg_alloc_decode(self, passes: int) -> None:
+        """``alloc_for_decode`` over ``passes`` decode passes of the running batch: each pass
+        evicts until one page per request is free, then a request takes a page when its
+        next token starts one.  No stamp happens between the passes, so the victims are
+        those of the last pass's shortfall, taken at once."""
+        ps = self.page
+        n = len(self.running)
+        before_last = 0
+        total = 0
+        for s in self.running.values():
+            c0 = s.kv_tokens
+            before_last += (c0 + passes - 2) // ps - (c0 - 1) // ps
+            total += (c0 + passes - 1) // ps - (c0 - 1) // ps
+        free = (self.pool_pages - self.cache.size - self.private - before_last) * ps
+        need = n * ps
+        if need > free:
+            self.cache.evict(-(-(need - free) // ps))
+        self.private += total
+        for s in self.running.values():
+            s.kv_tokens += passes
+
+    def _sg_checkpoint(self, s: SimRequest, tokens: int, finished: bool = False) -> None:
+        """``RadixCache.checkpoint(req, up_to=tokens)``: the request's first ``tokens`` tokens
+        (prompt, then its generated tokens, keyed by the prompt) page-aligned into the tree."""
+        ps = self.page
+        pages = tokens // ps
+        prompt_pages = s.input_len // ps
+        keys, weights = s.keys, s.weights
+        if pages > prompt_pages:
+            from ..cache.radix import cut_units
+            keys, weights = cut_units(keys, weights, prompt_pages)
+            extra = pages - prompt_pages
+            if weights is None:
+                keys = list(keys) + [s.out_key + j for j in range(extra)]
+            else:
+                keys = list(keys) + [s.out_key]
+                weights = list(weights) + [extra]
+        s.node = self.cache.engine_checkpoint(keys, weights, pages, priority=s.priority,
+                                              inserted=s.inserted_pages, locked=s.node,
+                                              prompt_pages=prompt_pages if finished else None)
+        if pages > s.tree_pages:
+            # the tree owns these pages now (or they were duplicates, freed): off the request
+            self.private -= pages - s.tree_pages
+            s.tree_pages = pages
+        if pages > s.inserted_pages:
+            s.inserted_pages = pages
+
+    def _sg_free(self, s: SimRequest) -> None:
+        """``release_kv_cache``: the request's pages outside the tree go back; unpin."""
+        ps = self.page
+        self.private -= -(-s.kv_tokens // ps) - s.tree_pages
+        s.kv_tokens = s.tree_pages = 0
+        if s.node is not None:
+            self.cache.engine_release(s.node)
+            s.node = None
 
     def _load_seconds(self, s: SimRequest, compute_s: float) -> float:
         """Host and storage loads of a request's cached prefix not hidden behind compute."""
@@ -282,7 +415,9 @@ class Engine:
             s.retractions += 1
             self.retracted += 1
             self.waiting.appendleft(s)
-            if self.cache is not None:
+            if self._sg:
+                self._sg_free(s)
+            elif self.cache is not None:
                 self.cache.arrive(s.idx, s.keys, s.weights, now)
             done = True
         return done
@@ -338,6 +473,8 @@ class Engine:
             budget -= n
             if s.done_new + n >= s.new_total:
                 self.chunked = None
+        if self._sg and self.waiting and self._lru:
+            self._sg_refresh_waiting()
         if self.chunked is None and self.waiting and budget > 0:
             if self.cache is not None and self.cache.has_storage:
                 self.cache.scheduling_pass([w.idx for w in self.waiting], now)
@@ -369,6 +506,8 @@ class Engine:
                     break
         if not batch:
             return None
+        if self._sg:
+            self._sg_alloc_extend(batch)
         for r, n in batch:
             cached = r.input_len + r.decoded - r.new_total + r.done_new
             new_tokens += n
@@ -392,6 +531,8 @@ class Engine:
             r.done_new += n
             r.computed_tokens += n
             if r.done_new < r.new_total:
+                if self._sg:       # SGLang's checkpoint after every chunk
+                    self._sg_checkpoint(r, r.input_len + r.decoded - r.new_total + r.done_new)
                 continue
             r.prefill_end_s = end
             if self.role == "prefill":
@@ -408,6 +549,8 @@ class Engine:
             if r.decoded >= r.output_len:
                 self._finish(r, end)
                 continue
+            if self._sg:
+                self._sg_checkpoint(r, r.kv_tokens)
             r.join_step = self.steps
             r.state = "decode"
             r.itl_first_s = end
@@ -420,6 +563,9 @@ class Engine:
         return end
 
     def _finish(self, s: SimRequest, t: float) -> None:
+        if self._sg:             # release_kv_cache(checkpoint=True): prompt and output into the tree
+            self._sg_checkpoint(s, s.kv_tokens, finished=True)
+            self._sg_free(s)
         s.finish_s = t
         s.state = "done"
         self.used -= s.held
@@ -459,6 +605,8 @@ class Engine:
                 else:
                     lo = m + 1
             j = lo
+        if self._sg:
+            self._sg_alloc_decode(j)
         total = a * j + slope * j * (j - 1) / 2
         end = now + total
         self.passes += j
@@ -486,6 +634,8 @@ class Engine:
             n = len(self.running)
         else:
             self.retracted_now = False
+        if self._sg:
+            self._sg_alloc_decode(1)
         d = self._step_s(n, 0, n, self.kv_decode)
         end = now + d
         self.passes += 1
