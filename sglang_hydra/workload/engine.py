@@ -252,7 +252,7 @@ class Engine:
         extra = s.decoded          # a retracted request recomputes its generated tokens too
         d = h = a = 0
         if self._sg:
-            a = d = self._sg_match(s, length + extra)
+            a = h = d = self._sg_match(s, length + extra)
         elif self.cache is not None:
             adm = self.cache.admit(s.idx, clock=self.clock, priority=s.priority, now_s=now)
             self.clock += 1
@@ -297,6 +297,10 @@ class Engine:
         s.node = node
         s.tree_pages = k
         s.inserted_pages = 0
+        counts = getattr(self.cache, "counts", None)
+        if counts is not None:
+            counts["device_hit_pages"] += k
+            counts["miss_pages"] += -(-tokens // self.page) - k
         s.kv_tokens = k * self.page
         if s.out_key is None:
             s.out_key = _output_key(s)

@@ -216,3 +216,104 @@ def test_hooked_policy_refuses_a_server_its_cache_cannot_serve(plugin_overlay):
     assert "ghost_lru (sglang-hydra's plugin) runs in SGLang's RadixCache only" in hybrid["error"]
     assert "hybrid (sliding-window or state-space) model" in hybrid["error"]
     assert plain["cache_class"] == "HydraHookedRadixCache" and plain["hits"] == [0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Through job=replay: the deployment loop the command line runs, one request at a time, against
+# SGLang's RadixCache called as SGLang's scheduler calls it (oracle loop=scheduler): token ids
+# from each block's hash, page 16, chunked prefill, the engine's own insertion of generated
+# tokens at finish.  Cached tokens must be identical on every request.
+SCHEDULER_POLICIES = {"lru": None, "lfu": None, "priority": None, "slru": {"protected_threshold": 2},
+                      "span_lru": {"alpha": 1.0}}
+SCHEDULER_CASES = (  # workload, requests, page size, pool tokens, chunked prefill
+    ("conversation", 400, 16, 30000, 4096),
+    ("conversation", 250, 16, 120000, None),
+    ("synthetic-shared", 600, 16, 20000, 2048),
+    ("synthetic-long", 500, 1, 12000, None),
+)
+
+
+def _replay_record(ps, pool, chunk, policy, cfg):
+    from sglang_hydra.config.compose import compose_record
+
+    over = ["model=llama3_1_8b", f"schedule.page_size={ps}", f"schedule.max_total_tokens={pool}",
+            f"schedule.chunked_prefill_size={chunk or -1}", f"memory.radix_eviction_policy={policy}"]
+    if cfg:
+        over.append("memory.radix_eviction_policy_config={" + ",".join(f"{k}:{v}" for k, v in cfg.items()) + "}")
+    return compose_record(over)
+
+
+def _through_replay_job(reqs, policy, cfg, ps, pool, chunk):
+    """``job=replay job.cache_semantics=sglang job.arrival=sequential``'s own path: the
+    deployment ``jobs.replay.evaluate`` builds, simulated in its loop."""
+    from sglang_hydra.config.hardware import compose_hardware
+    from sglang_hydra.workload.assemble import DeploymentInputs, build_deployment
+    from sglang_hydra.workload.deployment import simulate
+
+    hw, problems = compose_hardware("h100_80gb", [])
+    assert not problems
+    built = build_deployment(DeploymentInputs(hardware=hw, record=_replay_record(ps, pool, chunk, policy, cfg),
+                                              cache_mode="metadata", cache_semantics="sglang"))
+    try:
+        spec = built.model.groups["agg"].spec
+        assert spec.pool_tokens == pool and spec.chunk_tokens == chunk
+        fits = [r for r in reqs if r.input_length + 1 <= pool]
+        sim = simulate(built.model, fits, arrival="sequential")
+    finally:
+        built.close()
+    return fits, [s.device_hit for s in sim.requests]
+
+
+def _scheduler_workloads():
+    w = _workloads()
+    return {name: reqs for name, (reqs, _) in w.items()}
+
+
+def test_replay_job_follows_the_engine_scheduler_exactly(plugin_overlay):
+    """Every request's cached tokens, job=replay's loop vs SGLang's RadixCache as its scheduler
+    drives it (match capped at len-1 and page-aligned, checkpoints, output insertion)."""
+    workloads = _scheduler_workloads()
+    problems, table = [], []
+    for name, n, ps, pool, chunk in SCHEDULER_CASES:
+        reqs = workloads[name][:n]
+        ours = {p: _through_replay_job(reqs, p, cfg, ps, pool, chunk) for p, cfg in SCHEDULER_POLICIES.items()}
+        fits = ours["lru"][0]
+        payload = [{"hash_ids": list(r.hash_ids), "input_length": r.input_length, "output_length": r.output_length,
+                    "priority": int(getattr(r, "priority", 0) or 0)} for r in fits]
+        runs = [{"loop": "scheduler", "policy": p, "policy_config": cfg, "page_size": ps, "pool_tokens": pool,
+                 "chunk_tokens": chunk} for p, cfg in SCHEDULER_POLICIES.items()]
+        env = dict(os.environ, PYTHONPATH=str(plugin_overlay), SGLANG_PLUGINS="hydra_eviction_policies")
+        proc = subprocess.run([REFERENCE_PYTHON, str(ORACLE)], capture_output=True, text=True, timeout=1800,
+                              input=json.dumps({"requests": payload, "load_plugins": True, "runs": runs}), env=env)
+        assert proc.stdout.strip(), proc.stderr[-3000:]
+        for run, out in zip(runs, json.loads(proc.stdout)["runs"]):
+            label = f"{name} page={ps} pool={pool} chunk={chunk} {run['policy']}"
+            if "error" in out:
+                problems.append(f"{label}: engine failed: {out['error']}")
+                continue
+            mine, theirs = ours[run["policy"]][1], out["hits"]
+            assert sum(theirs) > 0, label            # the workload reuses something
+            table.append(f"{label}: ours {sum(mine)} sglang {sum(theirs)} requests {len(theirs)}")
+            if mine != theirs:
+                first = next(i for i, (x, y) in enumerate(zip(mine, theirs)) if x != y)
+                problems.append(f"{label}: first difference at request {first}: ours {mine[first]} "
+                                f"sglang {theirs[first]} ({sum(a != b for a, b in zip(mine, theirs))} differ)")
+    print("\n" + "\n".join(table))
+    assert not problems, "\n".join(problems)
+
+
+def test_replay_job_command_line_gives_the_engine_hits(tmp_path):
+    """The command line itself: job=replay's device_hit_tokens equal the sum the in-process loop
+    (checked per request against the engine above) gives, for the same record."""
+    reqs = list(load_trace(trace_path("conversation")))[:400]
+    fits, hits = _through_replay_job(reqs, "lru", None, 16, 30000, 4096)
+    r = subprocess.run([sys.executable, "-m", "sglang_hydra", "job=replay", "model=llama3_1_8b",
+                        "hardware=h100_80gb", "job.trace=conversation", "job.max_requests=400",
+                        "schedule.page_size=16", "schedule.max_total_tokens=30000",
+                        "schedule.chunked_prefill_size=4096", "job.cache_semantics=sglang",
+                        "job.arrival=sequential", "job.format=json", "job.progress=false"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["cache"]["device_hit_tokens"] == sum(hits) > 0
+    assert doc["requests"]["requests_completed"] == len(fits)
