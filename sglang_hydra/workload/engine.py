@@ -44,8 +44,10 @@ ROLES = ("agg", "prefill", "decode")
 #: resolution of the inter-token latency histogram (seconds)
 ITL_BIN_S = 1e-5
 SCHEDULE_POLICIES = ("fcfs", "lpm")
-#: SGLang 0.5.23's initial new-token ratio (SGLANG_INIT_NEW_TOKEN_RATIO); held constant here
-NEW_TOKEN_RATIO = 0.7
+#: SGLang 0.5.23's initial new-token ratio (SGLANG_INIT_NEW_TOKEN_RATIO); held constant here.  Kept
+#: in tenths so that the engine sums reservations exactly, in integers (``Engine._reserved``)
+RESERVE_TENTHS = 7
+NEW_TOKEN_RATIO = RESERVE_TENTHS / 10
 #: SGLang's cap on the output tokens it reserves for one request (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION)
 CLIP_MAX_NEW_TOKENS = 4096
 INF = float("inf")
@@ -71,7 +73,9 @@ class SimRequest:
                  "engine", "decode_engine", "state", "itl_first_s", "admitted_once", "hash_ids",
                  # cache_semantics=sglang: the pinned tree node, pages the tree owns of this request,
                  # pages it inserted, KV tokens it holds (SGLang's kv_committed_len), its output's key
-                 "node", "tree_pages", "inserted_pages", "kv_tokens", "out_key")
+                 "node", "tree_pages", "inserted_pages", "kv_tokens", "out_key",
+                 # the reservation in tenths of a token, and its entry in the engine's running sum
+                 "reserve10", "res_seq", "res_e10")
 
     def __init__(self, idx: int, arrival_s: float, input_len: int, output_len: int, keys, weights,
                  priority: int = 0):
@@ -90,6 +94,8 @@ class SimRequest:
         self.decoded = 0                # output tokens produced
         self.held = 0                   # KV tokens held on the engine that runs it
         self.reserve = min(self.output_len, CLIP_MAX_NEW_TOKENS) * NEW_TOKEN_RATIO
+        self.reserve10 = min(self.output_len, CLIP_MAX_NEW_TOKENS) * RESERVE_TENTHS
+        self.res_seq = self.res_e10 = 0
         self.first_token_s: Optional[float] = None
         self.finish_s: Optional[float] = None
         self.prefill_start_s: Optional[float] = None
@@ -170,6 +176,11 @@ class Engine:
         self.exposed_load_s = 0.0
         self.retracted_now = False
         self._fresh: List[SimRequest] = []           # joined the decode batch since the last decode step
+        # what the running requests still reserve, kept as a sum (see _reserved)
+        self._res_heap: List[Tuple[int, int, SimRequest]] = []
+        self._res_sum10 = 0
+        self._res_cnt = 0
+        self._res_seq = 0
         # cache_semantics=sglang: the tree and the requests share one paged pool (docs/whatif.md,
         # "Follows the engine"); ``private`` counts the pages requests hold outside the tree
         self._sg = bool(cache is not None and getattr(cache, "_engine", False) and role == "agg")
@@ -223,13 +234,40 @@ class Engine:
         self.joining.append(s)
 
     # ------------------------------------------------------------------ helpers
+    def _run(self, s: SimRequest) -> None:
+        """``s`` joins the running batch (its reservation joins the running sum)."""
+        self.running[s.idx] = s
+        e10 = s.reserve10 - 10 * (s.decoded - s.join_step)
+        if e10 > 10 * self.steps:
+            self._res_seq = seq = self._res_seq + 1
+            s.res_seq, s.res_e10 = seq, e10
+            heappush(self._res_heap, (e10, seq, s))
+            self._res_sum10 += e10
+            self._res_cnt += 1
+
+    def _unrun(self, s: SimRequest) -> None:
+        """``s`` leaves the running batch."""
+        del self.running[s.idx]
+        if s.res_seq:
+            self._res_sum10 -= s.res_e10
+            self._res_cnt -= 1
+            s.res_seq = 0
+
     def _reserved(self) -> float:
-        total = 0.0
-        steps = self.steps
-        for s in self.running.values():
-            left = s.reserve - (s.decoded + steps - s.join_step)
-            if left > 0:
-                total += left
+        """Output tokens the admitted requests may still need: SGLang's ``new_token_ratio`` x
+        ``min(output, 4096)`` each, less what a running request has decoded since.  A running
+        request's share ``reserve - (decoded + steps - join_step)`` reaches zero at a step known
+        when it joins, so the sum is kept (in tenths, exact) with a heap of those steps instead of
+        a loop over the batch at every prefill pass."""
+        t10 = 10 * self.steps
+        heap = self._res_heap
+        while heap and heap[0][0] <= t10:
+            e10, seq, s = heappop(heap)
+            if s.res_seq == seq:
+                self._res_sum10 -= e10
+                self._res_cnt -= 1
+                s.res_seq = 0
+        total = (self._res_sum10 - self._res_cnt * t10) / 10
         for s in self.joining:
             total += s.reserve
         if self.chunked is not None:
@@ -410,7 +448,7 @@ class Engine:
         done = False
         while self.used + need > pool and len(order) > 1:
             s = order.pop()
-            del self.running[s.idx]
+            self._unrun(s)
             s.decoded += steps - s.join_step
             self.used -= s.held + (steps - s.join_step)
             self.kv_decode -= s.input_len + s.decoded
@@ -442,7 +480,7 @@ class Engine:
                 s.join_step = steps
                 s.decoded = 0
                 s.state = "decode"
-                self.running[s.idx] = s
+                self._run(s)
                 self._fresh.append(s)
                 self.kv_decode += s.input_len
                 s.finish_step = steps + s.output_len
@@ -558,7 +596,7 @@ class Engine:
             r.join_step = self.steps
             r.state = "decode"
             r.itl_first_s = end
-            self.running[r.idx] = r
+            self._run(r)
             self._fresh.append(r)
             self.kv_decode += r.input_len + r.decoded
             r.finish_step = self.steps + (r.output_len - r.decoded)
@@ -692,7 +730,7 @@ class Engine:
             fs, _, s = heappop(heap)
             if s.state != "decode" or s.finish_step != fs or self.running.get(s.idx) is not s:
                 continue            # retracted (its entry is stale)
-            del self.running[s.idx]
+            self._unrun(s)
             s.decoded = s.decoded + steps - s.join_step
             self.kv_decode -= s.input_len + s.decoded
             s.held += steps - s.join_step          # _finish frees all of it
