@@ -174,6 +174,8 @@ def prompt_tokens(hash_ids, length: int, block_size: int = 512, memo=None):
         if toks is None:
             toks = block_tokens(h, block_size)
             if memo is not None:
+                if len(memo) > 20000:      # bounded: a whole trace's blocks would not fit in memory
+                    memo.clear()
                 memo[h] = toks
         out.extend(toks)
     return out[:length]

@@ -186,7 +186,7 @@ class Engine:
         self._sg = bool(cache is not None and getattr(cache, "_engine", False) and role == "agg")
         if self._sg:
             self.page = int(cache.page_size)
-            self.pool_pages = spec.pool_tokens // self.page
+            self.pool_pages = min(spec.pool_tokens // self.page, int(getattr(cache, "device_pages", 1 << 62)))
             self.private = 0
             self._lru = getattr(cache.policy, "name", "") == "lru"
             self._refresh_calls = 0

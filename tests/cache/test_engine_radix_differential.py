@@ -1,10 +1,17 @@
-"""Engine differential: the replay's ``cache_semantics=sglang`` against SGLang's own radix caches.
+"""Engine differentials: the replay's ``cache_semantics=sglang`` against SGLang's own radix caches.
 
-The same requests go through ``workload.replay.replay`` (the code every metadata replay
-runs: ``TieredCache`` with one tier) and through SGLang 0.5.23 driven by
-``scripts/engine_radix_oracle.py`` in the reference venv (match, pin, evict until the new
-pages fit, insert, unpin; the engine's clock replaced by a counter).  Every request must
-hit the same number of pages, for every policy, capacity and page size.
+Two loops, each against SGLang 0.5.23 driven by ``scripts/engine_radix_oracle.py`` in the
+reference venv (the engine's clock replaced by a counter):
+
+* **job=replay's loop** (``test_replay_job_*``, at the end): the deployment loop the command line
+  runs (``build_deployment`` + ``simulate(arrival="sequential")``, as ``jobs.replay.evaluate``),
+  against SGLang's ``RadixCache`` called as SGLang's scheduler calls it (oracle ``loop=scheduler``).
+  Cached tokens identical on every request.
+* **the tree's one-call loop** (``test_sglang_semantics_hit_the_engine_exactly``):
+  ``TieredCache.serve`` (match, pin, evict until the new pages fit, insert, unpin; PD engines and
+  the tree's own API use it) against the engine's cache driven by that loop, for every policy,
+  capacity and page size (T-LRU in ``UnifiedRadixCache`` and the plugin's hooked policies
+  included).
 
 * lru, lfu, slru, priority and our ``span_lru``: SGLang's ``RadixCache``, built directly.
 * tlru and our ``ghost_lru`` / ``ghost_lfu`` / ``hit_density``: the cache a *server* builds for
@@ -32,12 +39,14 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
+from sglang_hydra.cache.movers import CountingMover
+from sglang_hydra.cache.policies import make_policy
 from sglang_hydra.cache.radix import block_page_keys
-from sglang_hydra.workload.replay import replay
+from sglang_hydra.cache.tiered import TieredCache
+from sglang_hydra.workload.deployment import request_units
 from sglang_hydra.workload.synthetic import generate_conversations
 from sglang_hydra.workload.trace import load_trace, trace_path
 
@@ -97,11 +106,14 @@ def _engine(requests, priorities, runs, overlay):
 
 
 def _ours(reqs, policy, cfg, page_size, capacity_pages):
-    record = SimpleNamespace(page_size=page_size, max_total_tokens=capacity_pages * page_size,
-                             disable_radix_cache=False, radix_eviction_policy=policy,
-                             radix_eviction_policy_config=cfg)
-    res = replay(record, reqs, keep_per_request=True, cache_semantics="sglang")
-    return res.per_request_hit_pages
+    """The tree's one-call loop: ``TieredCache.serve`` per request, in order."""
+    cache = TieredCache(CountingMover(capacity_pages), policy=make_policy(policy, cfg, page_size=page_size),
+                        page_size=page_size, hierarchical=False, semantics="sglang")
+    out = []
+    for r in reqs:
+        keys, weights = request_units(r, page_size, 512)
+        out.append(cache.serve(keys, priority=int(getattr(r, "priority", 0) or 0), weights=weights))
+    return out
 
 
 def _workloads():
@@ -227,7 +239,7 @@ SCHEDULER_POLICIES = {"lru": None, "lfu": None, "priority": None, "slru": {"prot
                       "span_lru": {"alpha": 1.0}}
 SCHEDULER_CASES = (  # workload, requests, page size, pool tokens, chunked prefill
     ("conversation", 400, 16, 30000, 4096),
-    ("conversation", 250, 16, 120000, None),
+    ("conversation", 2000, 16, 400000, 8192),
     ("synthetic-shared", 600, 16, 20000, 2048),
     ("synthetic-long", 500, 1, 12000, None),
 )
@@ -273,7 +285,7 @@ def test_replay_job_follows_the_engine_scheduler_exactly(plugin_overlay):
     """Every request's cached tokens, job=replay's loop vs SGLang's RadixCache as its scheduler
     drives it (match capped at len-1 and page-aligned, checkpoints, output insertion)."""
     workloads = _scheduler_workloads()
-    problems, table = [], []
+    problems, table, totals = [], [], {}
     for name, n, ps, pool, chunk in SCHEDULER_CASES:
         reqs = workloads[name][:n]
         ours = {p: _through_replay_job(reqs, p, cfg, ps, pool, chunk) for p, cfg in SCHEDULER_POLICIES.items()}
@@ -294,12 +306,16 @@ def test_replay_job_follows_the_engine_scheduler_exactly(plugin_overlay):
             mine, theirs = ours[run["policy"]][1], out["hits"]
             assert sum(theirs) > 0, label            # the workload reuses something
             table.append(f"{label}: ours {sum(mine)} sglang {sum(theirs)} requests {len(theirs)}")
+            if name == "conversation" and pool == 400000:
+                totals[run["policy"]] = sum(theirs)
             if mine != theirs:
                 first = next(i for i, (x, y) in enumerate(zip(mine, theirs)) if x != y)
                 problems.append(f"{label}: first difference at request {first}: ours {mine[first]} "
                                 f"sglang {theirs[first]} ({sum(a != b for a, b in zip(mine, theirs))} differ)")
     print("\n" + "\n".join(table))
     assert not problems, "\n".join(problems)
+    # the pool is small enough to evict, and the policies choose differently
+    assert len({totals[p] for p in SCHEDULER_POLICIES}) > 2, totals
 
 
 def test_replay_job_command_line_gives_the_engine_hits(tmp_path):
