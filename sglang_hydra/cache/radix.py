@@ -696,6 +696,9 @@ class RadixTree:
             if self._node_hooks:
                 units.reverse()
                 self.policy.on_insert_engine_node(units)
+        if self.policy.wants_touch and end is not root:
+            # the plugin's hooked cache reports every insert's pages to the policy (on_request)
+            self._touch(keys, k, self._clock, end)
         if end is not root and not end.children and not end.lock_ref:
             self._push(end)
         return end
