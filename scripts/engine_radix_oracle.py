@@ -24,6 +24,13 @@ SGLang's ``RadixCache`` directly; ``cache=server`` builds whatever a server woul
 arguments (``create_tree_cache`` after the server's arguments are parsed and published):
 ``UnifiedRadixCache`` for tlru, the plugin's hooked ``RadixCache`` for ghost_lru.
 
+A run with ``"loop": "scheduler"`` instead takes trace requests, ``{"requests": [{"hash_ids":
+[...], "input_length": n, "output_length": m, "priority": p}, ...]}``, builds their token ids
+(each 512-token block from a generator seeded by its hash; the output from one seeded by the
+prompt) and calls SGLang's ``RadixCache`` as its scheduler does, one request at a time
+(``_run_scheduler``; run keys ``page_size``, ``pool_tokens``, ``chunk_tokens``); its ``hits`` are
+cached tokens per request.
+
 Output on stdout: ``{"runs": [{"hits": [pages per request], "evicted_tokens": n,
 "policy_class": "<strategy class>"} | {"error": "..."}, ...]}`` (exit status 1 when a
 run failed).
@@ -282,19 +289,13 @@ def _run_scheduler(run, requests):
             for _ in range(n - 1):                  # decode steps
                 evict_for(ps if ps > 1 else 1)
                 hold(req, 1)
-        req.finished = lambda: True
-        checkpoint(req, req.kv.committed) if n == 1 else _finish_checkpoint(cache, req, state, ps)
+        req.finished = lambda: True              # release_kv_cache(checkpoint=True)
+        checkpoint(req, req.kv.committed)
         state["private"] -= -(-req.kv.committed // ps) - req.kv.cache_protected_len // ps
         cache.unlock(req.lock)
         req.lock = None
     return {"hits": hits, "evicted_tokens": allocator.freed, "cache_class": type(cache).__name__,
             "policy_class": type(getattr(cache, "eviction_strategy", None)).__name__}
-
-
-def _finish_checkpoint(cache, req, state, ps):
-    before = req.kv.cache_protected_len
-    cache.checkpoint(req, up_to=req.kv.committed)
-    state["private"] -= (req.kv.cache_protected_len - before) // ps
 
 
 def main() -> int:
