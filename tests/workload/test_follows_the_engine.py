@@ -106,3 +106,16 @@ def test_concurrent_runs_keep_one_pool(ps, pool, extra):
     for e in sim.engines["agg"]:
         assert e.private == 0 and 0 < e.cache.size <= e.pool_pages
     assert all(s.device_hit <= (s.input_len - 1) // ps * ps for s in sim.requests)
+
+
+def test_the_real_servers_hit_rate_on_the_conversation_trace():
+    """A real SGLang 0.5.23 server on CPU (docs/whatif.md), one request at a time: the first 400
+    conversation requests of at most 12,288 tokens, outputs capped at 8, page 16, a 60,000-token
+    pool: sum(cached_tokens) / sum(prompt tokens) = 0.1006497."""
+    import dataclasses
+
+    reqs = [r for r in load_trace(trace_path("conversation")) if r.input_length <= 12288][:400]
+    reqs = [dataclasses.replace(r, output_length=min(r.output_length, 8)) for r in reqs]
+    sim, _ = run(reqs, ps=16, pool=60000, chunk=4096)
+    hit, total = sum(s.device_hit for s in sim.requests), sum(s.input_len for s in sim.requests)
+    assert round(hit / total, 7) == 0.1006497
