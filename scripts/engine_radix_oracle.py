@@ -287,7 +287,9 @@ def _run_scheduler(run, requests):
         if n > 1:
             checkpoint(req, L)
             for _ in range(n - 1):                  # decode steps
-                evict_for(ps if ps > 1 else 1)
+                if ps > 1 and req.kv.committed % ps == 0:
+                    evict_for(ps)                   # check_decode_mem: the pages the step starts
+                evict_for(ps if ps > 1 else 1)      # alloc_for_decode: one page per request
                 hold(req, 1)
         req.finished = lambda: True              # release_kv_cache(checkpoint=True)
         checkpoint(req, req.kv.committed)

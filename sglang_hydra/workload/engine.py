@@ -374,6 +374,14 @@ class Engine:
         those of the last pass's shortfall, taken at once."""
         ps = self.page
         n = len(self.running)
+        if passes == 1 and ps > 1:
+            # check_decode_mem first evicts for the requests whose next token starts a page
+            starts = 0
+            for s in self.running.values():
+                if s.kv_tokens % ps == 0:
+                    starts += 1
+            if starts:
+                self._sg_evict_for(starts * ps)
         before_last = 0
         total = 0
         for s in self.running.values():
@@ -623,6 +631,8 @@ class Engine:
         room = self.spec.pool_tokens - self.used
         if room // n < k:
             k = room // n
+        if self._sg and self.cache._node_hooks:
+            k = 1          # the policy reads the clock at every eviction: one pass at a time
         step_s = self._step_s
         kv = self.kv_decode
         while k > 2:
