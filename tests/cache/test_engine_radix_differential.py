@@ -236,7 +236,7 @@ def test_hooked_policy_refuses_a_server_its_cache_cannot_serve(plugin_overlay):
 # from each block's hash, page 16, chunked prefill, the engine's own insertion of generated
 # tokens at finish.  Cached tokens must be identical on every request.
 SCHEDULER_POLICIES = {"lru": None, "lfu": None, "priority": None, "slru": {"protected_threshold": 2},
-                      "span_lru": {"alpha": 1.0}}
+                      "span_lru": {"alpha": 1.0}, "ghost_lru": None, "ghost_lfu": None, "hit_density": None}
 SCHEDULER_CASES = (  # workload, requests, page size, pool tokens, chunked prefill
     ("conversation", 400, 16, 30000, 4096),
     ("conversation", 2000, 16, 400000, 8192),
@@ -293,7 +293,8 @@ def test_replay_job_follows_the_engine_scheduler_exactly(plugin_overlay):
         payload = [{"hash_ids": list(r.hash_ids), "input_length": r.input_length, "output_length": r.output_length,
                     "priority": int(getattr(r, "priority", 0) or 0)} for r in fits]
         runs = [{"loop": "scheduler", "policy": p, "policy_config": cfg, "page_size": ps, "pool_tokens": pool,
-                 "chunk_tokens": chunk} for p, cfg in SCHEDULER_POLICIES.items()]
+                 "chunk_tokens": chunk, "cache": "server" if p in SERVER_BUILT else "radix"}
+                for p, cfg in SCHEDULER_POLICIES.items()]
         env = dict(os.environ, PYTHONPATH=str(plugin_overlay), SGLANG_PLUGINS="hydra_eviction_policies")
         proc = subprocess.run([REFERENCE_PYTHON, str(ORACLE)], capture_output=True, text=True, timeout=1800,
                               input=json.dumps({"requests": payload, "load_plugins": True, "runs": runs}), env=env)
@@ -303,6 +304,9 @@ def test_replay_job_follows_the_engine_scheduler_exactly(plugin_overlay):
             if "error" in out:
                 problems.append(f"{label}: engine failed: {out['error']}")
                 continue
+            if run["policy"] in SERVER_BUILT:
+                cache_class, strategy = SERVER_BUILT[run["policy"]]
+                assert out["cache_class"] == cache_class and out["policy_class"] == strategy, (label, out)
             mine, theirs = ours[run["policy"]][1], out["hits"]
             assert sum(theirs) > 0, label            # the workload reuses something
             table.append(f"{label}: ours {sum(mine)} sglang {sum(theirs)} requests {len(theirs)}")
