@@ -132,8 +132,9 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
     ``radix_eviction_policy`` and ``radix_eviction_policy_config``.  ``policy`` /
     ``policy_config`` override the last two; they are how replay-only policies
     (``belady``) and non-choice ones (``fifo``) are selected.  ``cache_semantics`` is
-    ``"rules"`` (``replay_rules.md``) or ``"sglang"`` (SGLang's node-granular radix cache;
-    see :mod:`sglang_hydra.cache.radix`).  ``requests`` may be a
+    ``"rules"`` (``replay_rules.md``) or ``"sglang"`` (SGLang's scheduler and radix cache, the
+    path of ``job=replay job.cache_semantics=sglang``: the pool is the capacity, each request
+    asks for one token; docs/whatif.md, "Follows the engine").  ``requests`` may be a
     :class:`~sglang_hydra.workload.trace.Trace` or any iterable of requests.
     """
     import dataclasses
