@@ -2,9 +2,9 @@
 """Benchmark the hierarchical cache: full replays of the conversation trace, no HiCache vs
 HiCache (host tier) vs HiCache + file storage.
 
-Each configuration is composed with ``compose_record`` (``memory=default``,
-``memory=hicache``, ``memory=hicache_file``; the tiny model) and replayed with
-``full_replay``, the code path of ``sglang-hydra job=replay job.mode=full``.  The file
+Each configuration (``memory=default``, ``memory=hicache``, ``memory=hicache_file``; the tiny
+model) is one ``sglang-hydra job=replay job.mode=full`` command, run as a user runs it, its
+``job.format=json`` document read back.  The file
 storage lives in a fresh temporary directory per repetition, removed afterwards.  Reports,
 as the median over ``--reps``: hit rate per tier, bytes moved per tier and direction, the
 achieved GB/s of each direction next to its ceiling measured at start-up in the same run
@@ -54,23 +54,42 @@ def overrides_for(config: str, page_size: int, device_pages: int, storage_dir: s
     return ov
 
 
-def run_once(config: str, requests, args) -> dict:
-    from sglang_hydra import compose_record
-    from sglang_hydra.workload.full_replay import full_replay
+def run_once(config: str, args) -> dict:
+    """One ``sglang-hydra job=replay job.mode=full`` run (the command line itself), read back."""
+    import os
+    import subprocess
 
     storage_dir = tempfile.mkdtemp(prefix="bench_hicache_")
     try:
-        rec = compose_record(overrides=overrides_for(config, args.page_size, args.device_pages, storage_dir))
+        cmd = [sys.executable, "-m", "sglang_hydra", "job=replay", "job.mode=full", "hardware=h100_80gb",
+               f"job.trace={args.trace}", f"job.max_requests={args.requests}", "job.format=json",
+               "job.progress=false", "job.arrival=as_is",
+               *overrides_for(config, args.page_size, args.device_pages, storage_dir)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+                   OMP_NUM_THREADS=str(args.torch_threads))
         t0 = time.perf_counter()
-        r = full_replay(rec, requests)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=storage_dir, env=env)
         wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+        doc = json.loads(proc.stdout)
     finally:
         shutil.rmtree(storage_dir, ignore_errors=True)
-    return {"hit_rate": r.hit_rate, "token_hit_rate": r.token_hit_rate, "bytes_moved": r.bytes_moved,
-            "achieved_gbps": r.achieved_gbps, "ceiling_gbps": r.bandwidth_gbps, "ratio": r.bandwidth_ratio,
-            "ttft_ms_p50": r.ttft_ms_p50, "ttft_ms_p90": r.ttft_ms_p90, "wall_s": wall,
-            "verified_pages": r.verified_pages, "verify_mismatch_pages": r.verify_mismatch_pages,
-            "prefetch": r.prefetch, "evictions": r.evictions}
+    cache, full, lat = doc["cache"], doc.get("full_mode", {}), doc["latency"]
+    dirs = [d for d, _ in DIRECTIONS]
+    counts = cache.get("tier_counts", {})
+    return {"hit_rate": {t: cache[f"{t}_hit_rate"] for t in ("device", "host", "storage")},
+            "token_hit_rate": cache["token_hit_rate"],
+            "bytes_moved": {d: full.get(f"{d}_bytes", 0) for d in dirs},
+            "achieved_gbps": {d: full.get(f"{d}_achieved_gbps") for d in dirs},
+            "ceiling_gbps": {d: full.get(f"{d}_ceiling_gbps") for d in dirs},
+            "ratio": {d: full.get(f"{d}_ceiling_ratio") for d in dirs},
+            "ttft_ms_p50": lat["ttft_p50_ms"], "ttft_ms_p90": lat["ttft_p90_ms"], "wall_s": wall,
+            "verified_pages": full.get("verified_pages", 0),
+            "verify_mismatch_pages": full.get("verify_mismatch_pages", 0),
+            "prefetch": {"issued": counts.get("prefetch_issued", 0), "completed": counts.get("prefetch_completed", 0),
+                         "terminated": counts.get("prefetch_terminated", 0), "pages": counts.get("prefetch_used_pages", 0)},
+            "evictions": {"device": counts.get("device_evicted_pages", 0), "host": counts.get("host_evicted_pages", 0)}}
 
 
 def median_of(runs, *path):
@@ -123,7 +142,7 @@ def main(argv=None) -> int:
     t_all = time.perf_counter()
     for rep in range(args.reps):
         for c in CONFIGS:
-            runs[c].append(run_once(c, reqs, args))
+            runs[c].append(run_once(c, args))
             con.print(f"  rep {rep + 1}/{args.reps} {c}: {runs[c][-1]['wall_s']:.1f} s")
     total = time.perf_counter() - t_all
     loopback = None

@@ -8,6 +8,15 @@ first-half / second-half / full-trace figures with the share of the LRU->Belady 
 closes.
 
     .venv/bin/python scripts/bench_replay.py [--trace PATH] [--repeat 5] [--blocks 4000]
+
+``--job`` instead times the command a user runs (issue 28): ``sglang-hydra job=replay
+model=llama3_1_8b hardware=h100_80gb job.trace=conversation schedule.max_total_tokens=<blocks x
+512>`` (``--blocks``, default 16,000 here), as CPU seconds (user + system) of the whole process
+minus those of the same command with ``job.max_requests=1`` (start-up: imports, composition,
+reading the trace), median of ``--repeat``; with ``--baseline DIR`` (a checkout, e.g. the main
+branch) the same two commands run from it in the same loop, alternating, and the ratio is printed.
+
+    .venv/bin/python scripts/bench_replay.py --job --repeat 5 [--baseline /path/to/other/checkout]
 """
 from __future__ import annotations
 
@@ -43,6 +52,53 @@ def hit_rate(reqs, policy, cfg, blocks):
     return replay(rec, reqs, policy=policy, policy_config=cfg)
 
 
+def job_command(blocks: int):
+    return [sys.executable, "-m", "sglang_hydra", "job=replay", "model=llama3_1_8b", "hardware=h100_80gb",
+            "job.trace=conversation", f"schedule.max_total_tokens={blocks * 512}", "job.progress=false",
+            "job.format=json"]
+
+
+def cpu_seconds(cmd, tree: Path) -> float:
+    """User + system CPU seconds of ``cmd`` run with ``tree`` first on the path."""
+    import os
+    import resource
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd="/tmp", env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_replay: {' '.join(cmd)} (from {tree}) failed: {proc.stderr[-1500:]}")
+    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
+def bench_job(args) -> int:
+    blocks = args.blocks if args.blocks_set else 16000
+    trees = [("this checkout", ROOT)] + ([("baseline", Path(args.baseline).resolve())] if args.baseline else [])
+    full, start = {n: [] for n, _ in trees}, {n: [] for n, _ in trees}
+    cmd = job_command(blocks)
+    for _ in range(args.repeat):
+        for name, tree in trees:
+            full[name].append(cpu_seconds(cmd, tree))
+            start[name].append(cpu_seconds(cmd + ["job.max_requests=1"], tree))
+    out = {}
+    for name, _ in trees:
+        f, s0 = statistics.median(full[name]), statistics.median(start[name])
+        out[name] = {"full_cpu_s": f, "startup_cpu_s": s0, "beyond_startup_cpu_s": f - s0,
+                     "full_runs": full[name], "startup_runs": start[name]}
+        print(f"{name}: {f:.2f} s CPU, start-up {s0:.2f} s, beyond start-up {f - s0:.3f} s "
+              f"(median of {args.repeat})")
+    if args.baseline:
+        ratio = out["this checkout"]["beyond_startup_cpu_s"] / out["baseline"]["beyond_startup_cpu_s"]
+        out["ratio_beyond_startup"] = ratio
+        print(f"ratio this / baseline (beyond start-up): {ratio:.2f}")
+    print("command: " + " ".join(cmd[1:]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     from sglang_hydra.workload.trace import trace_path
@@ -51,7 +107,12 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--blocks", type=int, default=4000, help="capacity used for timing")
     ap.add_argument("--json", help="also write all numbers to this file")
+    ap.add_argument("--job", action="store_true", help="time the job=replay command line instead (see above)")
+    ap.add_argument("--baseline", help="with --job: another checkout timed in the same run")
     args = ap.parse_args(argv)
+    args.blocks_set = any(a.startswith("--blocks") for a in (argv if argv is not None else sys.argv[1:]))
+    if args.job:
+        return bench_job(args)
     con = Console()
 
     t = time.perf_counter()
@@ -144,4 +205,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -24,6 +24,13 @@ SGLang's ``RadixCache`` directly; ``cache=server`` builds whatever a server woul
 arguments (``create_tree_cache`` after the server's arguments are parsed and published):
 ``UnifiedRadixCache`` for tlru, the plugin's hooked ``RadixCache`` for ghost_lru.
 
+A run with ``"loop": "scheduler"`` instead takes trace requests, ``{"requests": [{"hash_ids":
+[...], "input_length": n, "output_length": m, "priority": p}, ...]}``, builds their token ids
+(each 512-token block from a generator seeded by its hash; the output from one seeded by the
+prompt) and calls SGLang's ``RadixCache`` as its scheduler does, one request at a time
+(``_run_scheduler``; run keys ``page_size``, ``pool_tokens``, ``chunk_tokens``); its ``hits`` are
+cached tokens per request.
+
 Output on stdout: ``{"runs": [{"hits": [pages per request], "evicted_tokens": n,
 "policy_class": "<strategy class>"} | {"error": "..."}, ...]}`` (exit status 1 when a
 run failed).
@@ -157,6 +164,142 @@ def _run(run, requests, priorities):
             "policy_class": type(strategy).__name__ if strategy is not None else None}
 
 
+# ------------------------------------------------------------------ the scheduler's loop
+def block_tokens(hash_id: int, block_size: int = 512):
+    """The token ids of one trace block: a generator seeded by the block's hash (what a real
+    client sends), so blocks with the same hash share their tokens."""
+    import random
+
+    rng = random.Random(int(hash_id))
+    return [rng.randrange(1, 32000) for _ in range(block_size)]
+
+
+def prompt_tokens(hash_ids, length: int, block_size: int = 512, memo=None):
+    out = []
+    for h in hash_ids:
+        toks = memo.get(h) if memo is not None else None
+        if toks is None:
+            toks = block_tokens(h, block_size)
+            if memo is not None:
+                if len(memo) > 20000:      # bounded: a whole trace's blocks would not fit in memory
+                    memo.clear()
+                memo[h] = toks
+        out.extend(toks)
+    return out[:length]
+
+
+def output_tokens(hash_ids, length: int, n: int):
+    """A deterministic engine's answer: the same prompt gives the same tokens (greedy)."""
+    import random
+
+    rng = random.Random(repr((tuple(hash_ids), int(length))))
+    return [rng.randrange(1, 32000) for _ in range(n)]
+
+
+def _run_scheduler(run, requests):
+    """Requests one at a time through SGLang's own RadixCache, called as SGLang 0.5.23's
+    scheduler calls it (``touch_waiting_prefix`` every 32nd scheduling call for lru,
+    ``init_next_round_input``'s match capped at len-1 tokens, ``alloc_for_extend`` per chunk
+    with its one-page over-estimate, ``checkpoint`` after every chunk and after the prefill,
+    ``alloc_for_decode`` per decode step, ``release_kv_cache(checkpoint=True)`` at finish),
+    with a page-exact pool of ``pool_tokens``.  Returns the cached tokens of each request."""
+    from array import array
+    from types import SimpleNamespace
+
+    import torch
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    ps = int(run["page_size"])
+    pool_pages = int(run["pool_tokens"]) // ps
+    chunk = run.get("chunk_tokens")
+    allocator = _CountingAllocator(pool_pages * ps)
+    spec = dict(run, page_tokens=ps)
+    if run.get("cache", "radix") == "server":
+        from sglang.srt.mem_cache import radix_cache
+
+        _logical_clock(radix_cache)
+        cache = _server_cache(spec, allocator)
+    else:
+        cache = _radix_cache(spec, allocator)
+    lru = run["policy"].lower() == "lru"
+    state = {"private": 0, "next": 1}
+
+    def tree_tokens():
+        return cache.evictable_size() + cache.protected_size()
+
+    def evict_for(tokens):
+        available = pool_pages * ps - tree_tokens() - state["private"] * ps
+        if tokens > available:
+            cache.evict_for_alloc(EvictParams(num_tokens=tokens - available))
+
+    def hold(req, tokens):
+        before = -(-req.kv.committed // ps)
+        req.kv.committed += tokens
+        state["private"] += -(-req.kv.committed // ps) - before
+        row = req.row
+        start = req.kv.filled
+        row[0, start:req.kv.committed] = torch.arange(state["next"], state["next"] + req.kv.committed - start)
+        state["next"] += req.kv.committed - start
+        req.kv.filled = req.kv.committed
+
+    def checkpoint(req, up_to):
+        before = req.kv.cache_protected_len
+        cache.checkpoint(req, up_to=up_to)
+        state["private"] -= (req.kv.cache_protected_len - before) // ps
+
+    memo = {}
+    calls = 0
+    hits = []
+    for r in requests:
+        L, n = int(r["input_length"]), max(1, int(r["output_length"]))
+        prompt = prompt_tokens(r["hash_ids"], L, memo=memo)
+        fill = array("q", prompt + output_tokens(r["hash_ids"], L, n))
+        row = torch.zeros((1, L + n + ps), dtype=torch.int64)
+        req = SimpleNamespace(
+            kv=SimpleNamespace(req_pool_idx=0, cache_inserted_len=0, cache_protected_len=0, swa_evict_floor=0,
+                               committed=0, filled=0),
+            full_untruncated_fill_ids=fill, origin_input_ids=array("q", prompt), extra_key=None, cache_salt=None,
+            priority=int(r.get("priority") or 0), lock=None, last_node=None, row=row)
+        cache.req_to_token_pool = SimpleNamespace(
+            req_to_token=row, write=lambda idx, values, row=row: row.__setitem__(idx, values))
+        if lru:                       # SchedulePolicy._touch_waiting_prefixes
+            if calls % 32 == 0:
+                cache.touch_prefix(RadixKey(token_ids=array("q", prompt), extra_key=None))
+            calls += 1
+        match = cache.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=array("q", prompt), extra_key=None,
+                                                                  limit=L - 1)))
+        prefix = match.device_prefix_len
+        hits.append(prefix)
+        node = match.last_device_node
+        req.lock = cache.lock(node)
+        req.last_node = node
+        if prefix:
+            row[0, :prefix] = cache.path_device_indices(node)[:prefix]
+        req.kv.committed = req.kv.filled = prefix
+        req.kv.cache_protected_len = prefix
+        while req.kv.committed < L:                 # prefill, chunk by chunk
+            step = L - req.kv.committed if not chunk else min(int(chunk), L - req.kv.committed)
+            evict_for(step + (ps if ps > 1 else 0))
+            hold(req, step)
+            if req.kv.committed < L:
+                checkpoint(req, req.kv.committed)
+        if n > 1:
+            checkpoint(req, L)
+            for _ in range(n - 1):                  # decode steps
+                if ps > 1 and req.kv.committed % ps == 0:
+                    evict_for(ps)                   # check_decode_mem: the pages the step starts
+                evict_for(ps if ps > 1 else 1)      # alloc_for_decode: one page per request
+                hold(req, 1)
+        req.finished = lambda: True              # release_kv_cache(checkpoint=True)
+        checkpoint(req, req.kv.committed)
+        state["private"] -= -(-req.kv.committed // ps) - req.kv.cache_protected_len // ps
+        cache.unlock(req.lock)
+        req.lock = None
+    return {"hits": hits, "evicted_tokens": allocator.freed, "cache_class": type(cache).__name__,
+            "policy_class": type(getattr(cache, "eviction_strategy", None)).__name__}
+
+
 def main() -> int:
     spec = json.load(sys.stdin)
     real_stdout = sys.stdout
@@ -176,7 +319,10 @@ def main() -> int:
     outcomes = []
     for run in spec["runs"]:
         try:
-            outcomes.append(_run(run, spec["requests"], spec.get("priorities")))
+            if run.get("loop") == "scheduler":
+                outcomes.append(_run_scheduler(run, spec["requests"]))
+            else:
+                outcomes.append(_run(run, spec["requests"], spec.get("priorities")))
         except Exception as exc:  # noqa: BLE001 - one outcome per run
             outcomes.append({"error": f"{type(exc).__name__}: {exc}"})
             status = 1

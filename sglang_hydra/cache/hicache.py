@@ -3,7 +3,8 @@
 :class:`HiCache` is a thin front of :class:`~sglang_hydra.cache.tiered.TieredCache` (the one
 tree every replay uses) with :class:`~sglang_hydra.cache.bytes_mover.BytesMover`, for callers
 that feed requests one at a time as lists of page keys (chained page hashes, one page per
-key).  All decisions - hits, evictions, write-through / write-back, host eviction, load-back,
+key).  No job runs it (``job=replay`` drives the tree through its engines); tests and
+``scripts/fault_matrix.py`` do.  All decisions - hits, evictions, write-through / write-back, host eviction, load-back,
 storage writes, prefetch and its retries - are the tiered cache's; see that module for the
 semantics (reference §5.2-§5.7, §5.11).
 

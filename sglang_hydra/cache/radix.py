@@ -54,6 +54,7 @@ __all__ = [
     "chained_page_keys",
     "block_page_keys",
     "block_page_weights",
+    "cut_units",
 ]
 
 
@@ -568,11 +569,11 @@ class RadixTree:
                 return child
         return None
 
-    def _serve_engine(self, keys, weights, priority) -> int:
-        """One request as SGLang's RadixCache serves it (see the module docstring)."""
+    def _engine_walk(self, keys, weights):
+        """SGLang's ``_match_prefix_helper``: one clock read stamps the matched path; an
+        engine node the match ends inside is split (its upper part is a new node, whose
+        constructor reads the clock twice).  Returns ``(pages, last node, unit, offset)``."""
         root = self.root
-        policy = self.policy
-        # ---- match_prefix: stamp the matched path; split the engine node it ends in
         t = self._stamp()
         k, last, u, lo = self._walk(keys, weights, t, False)
         node = last
@@ -603,6 +604,111 @@ class RadixTree:
                 if not below.children:
                     # after the split: a key may look at the (now shorter) engine node
                     self._push(below)
+        return k, last, u, lo
+
+    # ------------------------------------------- the engine's scheduler, call by call
+    # The deployment loop's engine (workload/engine.py) drives these under sglang semantics,
+    # in the order SGLang 0.5.23's scheduler calls its RadixCache (docs/whatif.md, "Follows
+    # the engine").  Keys are cut to whole pages before every call (the engine page-aligns).
+    def engine_touch(self, keys, weights, pages: int) -> None:
+        """``touch_prefix`` of a waiting request (the LRU waiting-prefix refresh): a match of
+        its first ``pages`` pages that pins nothing."""
+        keys, weights = cut_units(keys, weights, pages)
+        if keys:
+            _, last, _, _ = self._engine_walk(keys, weights)
+            if last is not self.root and not last.children and not last.lock_ref:
+                self._push(last)
+
+    def engine_match(self, keys, weights, pages: int) -> Tuple[int, TreeNode]:
+        """``match_prefix`` of an admitted request, its key cut to ``pages`` pages; the last
+        matched node is pinned (release it with :meth:`engine_release`)."""
+        keys, weights = cut_units(keys, weights, pages)
+        last = self.root
+        k = 0
+        if keys:
+            k, last, _, _ = self._engine_walk(keys, weights)
+        last.lock_ref += 1
+        return k, last
+
+    def engine_release(self, node: TreeNode) -> None:
+        """``unlock`` of a request's pinned node."""
+        node.lock_ref -= 1
+        if node is not self.root and not node.lock_ref and not node.children:
+            self._push(node)
+
+    def engine_checkpoint(self, keys, weights, pages: int, *, priority: int, inserted: int,
+                          locked: TreeNode, prompt_pages: Optional[int] = None) -> TreeNode:
+        """SGLang's ``RadixCache.checkpoint``: insert the request's first ``pages`` pages,
+        with ``prompt_pages`` re-insert the prompt at ``priority + 1`` (it splits the leaf at
+        the prompt's end), match the key again and move the pin from ``locked`` to the new
+        last node, which is returned.  One hit is counted on each engine node of the insert
+        that ends past ``inserted`` pages (what this request inserted before)."""
+        keys, weights = cut_units(keys, weights, pages)
+        root = self.root
+        if not keys:
+            new_last = root
+        else:
+            new_last = self._engine_insert(keys, weights, priority, inserted)
+            if prompt_pages is not None and 0 < prompt_pages < pages:
+                pk, pw = cut_units(keys, weights, prompt_pages)
+                self._engine_insert(pk, pw, priority + 1, prompt_pages)
+            _, new_last, _, _ = self._engine_walk(keys, weights)
+        locked.lock_ref -= 1
+        new_last.lock_ref += 1
+        if locked is not root and not locked.lock_ref and not locked.children:
+            self._push(locked)
+        return new_last
+
+    def _engine_insert(self, keys, weights, priority: int, inserted: int) -> TreeNode:
+        """SGLang's ``_insert_helper`` (one clock read for the path, a split where the key
+        ends or diverges inside an engine node, one new engine node for the rest)."""
+        root = self.root
+        k, last, u, lo = self._engine_walk(keys, weights)
+        # hits and priorities on the path, per engine node: a node counts when it ends past
+        # what this request inserted before
+        node = last
+        seg_end = last.depth
+        seg = last.seg
+        while node is not root:
+            if node.seg != seg:
+                seg, seg_end = node.seg, node.depth
+            if seg_end > inserted:
+                node.hit_count += 1
+            if priority > node.priority:
+                node.priority = priority
+            node = node.parent
+        end = last
+        if u < len(keys):
+            fresh = self._stamp()
+            created = self._stamp()
+            end = self._grow(last, keys, weights, u, lo, fresh, priority)
+            self._segs += 1
+            seg = self._segs
+            count = end.depth > inserted
+            node = end
+            units = []
+            while node is not last:
+                node.seg = seg
+                node.insert_time = created
+                node.hit_count = 1 if count else 0
+                units.append(node)
+                node = node.parent
+            if self._node_hooks:
+                units.reverse()
+                self.policy.on_insert_engine_node(units)
+        if self.policy.wants_touch and end is not root:
+            # the plugin's hooked cache reports every insert's pages to the policy (on_request)
+            self._touch(keys, k, self._clock, end)
+        if end is not root and not end.children and not end.lock_ref:
+            self._push(end)
+        return end
+
+    def _serve_engine(self, keys, weights, priority) -> int:
+        """One request as SGLang's RadixCache serves it (see the module docstring)."""
+        root = self.root
+        policy = self.policy
+        # ---- match_prefix: stamp the matched path; split the engine node it ends in
+        k, last, u, lo = self._engine_walk(keys, weights)
         # ---- pin the match, evict until the new pages fit
         last.lock_ref += 1
         total = len(keys) if weights is None else sum(weights)
@@ -713,6 +819,24 @@ class RadixTree:
 
 
 # ---------------------------------------------------------------- page keys
+def cut_units(keys, weights, pages: int):
+    """The first ``pages`` pages of a request's units: ``(keys, weights)`` with the last unit
+    shortened (a unit per page when ``weights`` is None)."""
+    if pages <= 0:
+        return [], (None if weights is None else [])
+    if weights is None:
+        return keys[:pages], None
+    out_w = []
+    total = 0
+    for w in weights:
+        if total + w >= pages:
+            out_w.append(pages - total)
+            return keys[:len(out_w)], out_w
+        out_w.append(w)
+        total += w
+    return keys, weights
+
+
 def chained_page_keys(tokens: Sequence[int], page_size: int, seed: int = 0) -> List[int]:
     """Chained hashes of the full pages of ``tokens``.
 

@@ -453,14 +453,23 @@ def _status(doc: dict, job: dict) -> Tuple[str, str]:
 
 
 def _full_mode_group(built) -> dict:
-    """Real bytes moved (job.mode=full), per direction, and the page check."""
+    """Real bytes moved (job.mode=full), per direction: bytes, busy time, the rate achieved, the
+    ceiling measured before the first request (best mover) and their ratio; and the page check."""
     out: Dict[str, Any] = {}
+    dirs = ("d2h", "h2d", "storage_write", "storage_read")
     for mover in built.byte_movers:
-        for d in ("d2h", "h2d", "storage_write", "storage_read"):
+        for d in dirs:
             out[f"{d}_bytes"] = out.get(f"{d}_bytes", 0) + mover.meter.bytes(d)
             out[f"{d}_transfer_s"] = out.get(f"{d}_transfer_s", 0.0) + mover.meter.seconds(d)
         out["verified_pages"] = out.get("verified_pages", 0) + mover.stats["verified_pages"]
         out["verify_mismatch_pages"] = out.get("verify_mismatch_pages", 0) + mover.stats["verify_mismatch_pages"]
+    for d in dirs:
+        moved, busy = out.get(f"{d}_bytes", 0), out.get(f"{d}_transfer_s", 0.0)
+        achieved = moved / busy / 1e9 if moved and busy > 0 else None
+        ceiling = max((c[d] for c in getattr(built, "ceilings_gbps", ()) if d in c), default=None)
+        out[f"{d}_achieved_gbps"] = achieved
+        out[f"{d}_ceiling_gbps"] = ceiling
+        out[f"{d}_ceiling_ratio"] = achieved / ceiling if achieved is not None and ceiling else None
     return out
 
 

@@ -54,7 +54,7 @@ class ReplayJob:
     mode: Optional[str] = None           # device_only | sim | full; unset: sim with HiCache, else device_only
                                          # (metadata: the old name of device_only, still accepted)
     policy: Optional[str] = None         # replay-only policies (belady, fifo) override the record's
-    arrival: str = "spread"              # spread | as_is | poisson (docs/whatif.md)
+    arrival: str = "spread"              # spread | as_is | poisson | sequential (docs/whatif.md)
     sla: SlaSettings = field(default_factory=SlaSettings)
     cache_semantics: str = "rules"       # rules | sglang: how the prefix cache stamps and evicts
     tail_threshold_tokens: int = 4096
@@ -247,7 +247,7 @@ JOB_SPECS: Dict[str, JobSpec] = {
     "replay": JobSpec(ReplayJob, "sglang_hydra.jobs.replay:run", {
         "format": ("table", "json"), "on_bad_line": ("fail", "skip"), "workload": ("trace", "synthetic"),
         "mode": (None, "device_only", "sim", "full", "metadata"), "objective": tuple(OBJECTIVES),
-        "arrival": ("spread", "as_is", "poisson"), "cache_semantics": ("rules", "sglang")}),
+        "arrival": ("spread", "as_is", "poisson", "sequential"), "cache_semantics": ("rules", "sglang")}),
     "calibrate": JobSpec(CalibrateJob, "sglang_hydra.jobs.calibrate:run", {
         "device": ("cuda", "cpu"), "format": ("table", "json"), "via": ("auto", "kernels", "engine")}),
     "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd_transfer:run_side"),

@@ -5,7 +5,9 @@ Replaying them as they are lands a whole tick's prompts on the engines at one in
 is queueing no real client produces.  ``spread`` (the default) places each request uniformly
 at random inside its tick (from its timestamp up to the next distinct timestamp, at most the
 trace's usual tick), seeded, order kept within the trace's ticks.  ``as_is`` keeps the stored
-values.  ``poisson`` keeps the request count and the trace's span but draws exponential gaps
+values.  ``sequential`` sends one request at a time, in trace order: each arrives when the one
+before it has finished (a client that waits for every answer; the deployment loop releases
+them, here they keep their trace order only).  ``poisson`` keeps the request count and the trace's span but draws exponential gaps
 (a memoryless client population at the trace's mean rate).  Every time is then multiplied by
 ``time_scale`` (2: the trace at half its request rate).
 """
@@ -17,7 +19,7 @@ from typing import List, Sequence
 
 __all__ = ["ARRIVALS", "arrival_times", "trace_tick_ms"]
 
-ARRIVALS = ("spread", "as_is", "poisson")
+ARRIVALS = ("spread", "as_is", "poisson", "sequential")
 
 
 def trace_tick_ms(timestamps_ms: Sequence[float]) -> float:
@@ -39,7 +41,7 @@ def arrival_times(timestamps_ms: Sequence[float], *, how: str = "spread", time_s
         raise ValueError(f"job.time_scale must be > 0, got {time_scale!r}")
     n = len(timestamps_ms)
     scale = time_scale / 1000.0
-    if how == "as_is" or n == 0:
+    if how in ("as_is", "sequential") or n == 0:
         return [t * scale for t in timestamps_ms]
     rng = random.Random(seed)
     if how == "poisson":

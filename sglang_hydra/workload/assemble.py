@@ -128,6 +128,7 @@ class BuiltDeployment:
     sides: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     closers: List[Any] = field(default_factory=list)
     byte_movers: List[Any] = field(default_factory=list)
+    ceilings_gbps: List[Dict[str, float]] = field(default_factory=list)   # full mode: per mover, per direction
 
     def close(self) -> None:
         for c in self.closers:
@@ -220,6 +221,9 @@ def _cache_factory(record, hardware, *, mode: str, pool_tokens: int, host_tokens
                 st = create_storage_backend(backend, storage_config_from_record(record, page_bytes=geo.bytes_per_page))
                 built.closers.append(st.close)
             mover = BytesMover(memory, st if hierarchical else None, verify=verify)
+            if hierarchical:         # the ceilings job.mode=full reports, measured before any request
+                from .bandwidth import measure_bandwidth
+                built.ceilings_gbps.append(measure_bandwidth(mover))
             built.byte_movers.append(mover)
             return TieredCache(mover, policy=make_policy(pol_name, pol_cfg, page_size=ps), **kwargs)
         return make_full, info

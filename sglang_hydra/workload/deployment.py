@@ -227,7 +227,8 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
     # Routing that reads no engine state (one server or a stateless router policy, and stateless
     # DP dispatch) is decided up front, so each engine knows its own next arrival and runs its
     # decode passes up to it instead of stopping at every arrival of the deployment.
-    stateless = (f_router.n == 1 or f_router.policy in ("random", "round_robin")) and all(
+    sequential = arrival == "sequential"
+    stateless = not sequential and (f_router.n == 1 or f_router.policy in ("random", "round_robin")) and all(
         len(d.engines) == 1 or d.method in ("round_robin", "follow_bootstrap_room") for d in f_servers)
     routed: Dict[int, Engine] = {}
     own_arrivals: Dict[int, List[float]] = {}
@@ -283,6 +284,8 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
     # a request reaches its engine request_path_s after the client sent it (arrival_s, the
     # moment TTFT and E2E are measured from)
     next_arrival = [arrivals[i] + path_s for i in order] + [INF]    # by arrival order; INF once all have come
+    if sequential:            # the next request comes when the one before it has finished
+        next_arrival[1:n] = [INF] * (n - 1)
     while True:
         ta = next_arrival[ai]
         th = heap[0][0] if heap else INF
@@ -320,6 +323,9 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
         nxt_arrival = ta                       # no arrival was taken since ta was read
         if kind == STEP:
             e.busy_until = None
+            if sequential and e.finished and 0 < ai < n:
+                nxt_arrival = next_arrival[ai] = now + path_s
+                sims[order[ai]].arrival_s = now
             for s in e.finished:
                 if back is None:
                     f_router.done(server_of[s.idx])

@@ -44,11 +44,23 @@ ROLES = ("agg", "prefill", "decode")
 #: resolution of the inter-token latency histogram (seconds)
 ITL_BIN_S = 1e-5
 SCHEDULE_POLICIES = ("fcfs", "lpm")
-#: SGLang 0.5.23's initial new-token ratio (SGLANG_INIT_NEW_TOKEN_RATIO); held constant here
-NEW_TOKEN_RATIO = 0.7
+#: SGLang 0.5.23's initial new-token ratio (SGLANG_INIT_NEW_TOKEN_RATIO); held constant here.  Kept
+#: in tenths so that the engine sums reservations exactly, in integers (``Engine._reserved``)
+RESERVE_TENTHS = 7
+NEW_TOKEN_RATIO = RESERVE_TENTHS / 10
 #: SGLang's cap on the output tokens it reserves for one request (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION)
 CLIP_MAX_NEW_TOKENS = 4096
 INF = float("inf")
+
+
+def _output_key(s: "SimRequest") -> int:
+    """The key of a request's generated tokens.  A deterministic engine (greedy decoding, one
+    request at a time) generates the same tokens after the same prompt, so the key names the
+    prompt (its blocks and length); it never equals a prompt block's key (bit 62 set)."""
+    import hashlib
+    h = hashlib.blake2b(digest_size=8)
+    h.update(repr((tuple(s.hash_ids) or tuple(s.keys), s.input_len)).encode())
+    return (int.from_bytes(h.digest(), "little") >> 2) | (1 << 62)
 
 
 class SimRequest:
@@ -58,7 +70,12 @@ class SimRequest:
                  "device_hit", "host_hit", "storage_hit", "storage_wait_s", "new_total", "done_new",
                  "computed_tokens", "decoded", "held", "reserve", "first_token_s", "finish_s",
                  "prefill_start_s", "prefill_end_s", "transfer_s", "join_step", "finish_step", "retractions",
-                 "engine", "decode_engine", "state", "itl_first_s", "admitted_once", "hash_ids")
+                 "engine", "decode_engine", "state", "itl_first_s", "admitted_once", "hash_ids",
+                 # cache_semantics=sglang: the pinned tree node, pages the tree owns of this request,
+                 # pages it inserted, KV tokens it holds (SGLang's kv_committed_len), its output's key
+                 "node", "tree_pages", "inserted_pages", "kv_tokens", "out_key",
+                 # the reservation in tenths of a token, and its entry in the engine's running sum
+                 "reserve10", "res_seq", "res_e10")
 
     def __init__(self, idx: int, arrival_s: float, input_len: int, output_len: int, keys, weights,
                  priority: int = 0):
@@ -77,6 +94,8 @@ class SimRequest:
         self.decoded = 0                # output tokens produced
         self.held = 0                   # KV tokens held on the engine that runs it
         self.reserve = min(self.output_len, CLIP_MAX_NEW_TOKENS) * NEW_TOKEN_RATIO
+        self.reserve10 = min(self.output_len, CLIP_MAX_NEW_TOKENS) * RESERVE_TENTHS
+        self.res_seq = self.res_e10 = 0
         self.first_token_s: Optional[float] = None
         self.finish_s: Optional[float] = None
         self.prefill_start_s: Optional[float] = None
@@ -91,6 +110,9 @@ class SimRequest:
         self.itl_first_s = 0.0          # gap before the first decoded token (added to the ITL samples)
         self.admitted_once = False
         self.hash_ids = ()
+        self.node = None
+        self.tree_pages = self.inserted_pages = self.kv_tokens = 0
+        self.out_key = None
 
 
 @dataclass
@@ -154,6 +176,20 @@ class Engine:
         self.exposed_load_s = 0.0
         self.retracted_now = False
         self._fresh: List[SimRequest] = []           # joined the decode batch since the last decode step
+        # what the running requests still reserve, kept as a sum (see _reserved)
+        self._res_heap: List[Tuple[int, int, SimRequest]] = []
+        self._res_sum10 = 0
+        self._res_cnt = 0
+        self._res_seq = 0
+        # cache_semantics=sglang: the tree and the requests share one paged pool (docs/whatif.md,
+        # "Follows the engine"); ``private`` counts the pages requests hold outside the tree
+        self._sg = bool(cache is not None and getattr(cache, "_engine", False) and role == "agg")
+        if self._sg:
+            self.page = int(cache.page_size)
+            self.pool_pages = min(spec.pool_tokens // self.page, int(getattr(cache, "device_pages", 1 << 62)))
+            self.private = 0
+            self._lru = getattr(cache.policy, "name", "") == "lru"
+            self._refresh_calls = 0
 
     # ------------------------------------------------------------------ load, as routers see it
     @property
@@ -177,7 +213,7 @@ class Engine:
         self.waiting.append(s)
         if len(self.waiting) > self.queue_peak:
             self.queue_peak = len(self.waiting)
-        if self.cache is not None:
+        if self.cache is not None and not self._sg:
             self.cache.arrive(s.idx, s.keys, s.weights, now)
 
     def fits_decode(self, s: SimRequest) -> bool:
@@ -198,13 +234,40 @@ class Engine:
         self.joining.append(s)
 
     # ------------------------------------------------------------------ helpers
+    def _run(self, s: SimRequest) -> None:
+        """``s`` joins the running batch (its reservation joins the running sum)."""
+        self.running[s.idx] = s
+        e10 = s.reserve10 - 10 * (s.decoded - s.join_step)
+        if e10 > 10 * self.steps:
+            self._res_seq = seq = self._res_seq + 1
+            s.res_seq, s.res_e10 = seq, e10
+            heappush(self._res_heap, (e10, seq, s))
+            self._res_sum10 += e10
+            self._res_cnt += 1
+
+    def _unrun(self, s: SimRequest) -> None:
+        """``s`` leaves the running batch."""
+        del self.running[s.idx]
+        if s.res_seq:
+            self._res_sum10 -= s.res_e10
+            self._res_cnt -= 1
+            s.res_seq = 0
+
     def _reserved(self) -> float:
-        total = 0.0
-        steps = self.steps
-        for s in self.running.values():
-            left = s.reserve - (s.decoded + steps - s.join_step)
-            if left > 0:
-                total += left
+        """Output tokens the admitted requests may still need: SGLang's ``new_token_ratio`` x
+        ``min(output, 4096)`` each, less what a running request has decoded since.  A running
+        request's share ``reserve - (decoded + steps - join_step)`` reaches zero at a step known
+        when it joins, so the sum is kept (in tenths, exact) with a heap of those steps instead of
+        a loop over the batch at every prefill pass."""
+        t10 = 10 * self.steps
+        heap = self._res_heap
+        while heap and heap[0][0] <= t10:
+            e10, seq, s = heappop(heap)
+            if s.res_seq == seq:
+                self._res_sum10 -= e10
+                self._res_cnt -= 1
+                s.res_seq = 0
+        total = (self._res_sum10 - self._res_cnt * t10) / 10
         for s in self.joining:
             total += s.reserve
         if self.chunked is not None:
@@ -226,7 +289,9 @@ class Engine:
         length = s.input_len
         extra = s.decoded          # a retracted request recomputes its generated tokens too
         d = h = a = 0
-        if self.cache is not None:
+        if self._sg:
+            a = h = d = self._sg_match(s, length + extra)
+        elif self.cache is not None:
             adm = self.cache.admit(s.idx, clock=self.clock, priority=s.priority, now_s=now)
             self.clock += 1
             ps = self.cache.page_size
@@ -247,6 +312,124 @@ class Engine:
         s.state = "prefill"
         if s.prefill_start_s is None:
             s.prefill_start_s = now
+
+    # ------------------------------------------------------------------ cache_semantics=sglang
+    def _sg_evict_for(self, tokens: int) -> None:
+        """SGLang's ``evict_to_free_tokens``: evict whole leaves until ``tokens`` are free."""
+        ps = self.page
+        free = (self.pool_pages - self.cache.size - self.private) * ps
+        if tokens > free:
+            self.cache.evict(-(-(tokens - free) // ps))
+
+    def _sg_hold(self, s: SimRequest, tokens: int) -> None:
+        """``s`` holds ``tokens`` more KV tokens (its new pages come from the pool)."""
+        ps = self.page
+        before = -(-s.kv_tokens // ps)
+        s.kv_tokens += tokens
+        self.private += -(-s.kv_tokens // ps) - before
+
+    def _sg_match(self, s: SimRequest, tokens: int) -> int:
+        """``init_next_round_input``: match at most ``tokens - 1`` tokens, page-aligned; pin
+        the match.  Returns the cached tokens."""
+        k, node = self.cache.engine_match(s.keys, s.weights, (tokens - 1) // self.page)
+        s.node = node
+        s.tree_pages = k
+        s.inserted_pages = 0
+        counts = getattr(self.cache, "counts", None)
+        if counts is not None:
+            counts["device_hit_pages"] += k
+            counts["miss_pages"] += -(-tokens // self.page) - k
+        s.kv_tokens = k * self.page
+        if s.out_key is None:
+            s.out_key = _output_key(s)
+        return k * self.page
+
+    def _sg_refresh_waiting(self) -> None:
+        """The LRU waiting-prefix refresh of ``SchedulePolicy.calc_priority`` (every 32nd call,
+        the first 128 waiting requests, last first, each whole prompt page-aligned)."""
+        calls = self._refresh_calls
+        self._refresh_calls = calls + 1
+        if calls % 32:
+            return
+        ps = self.page
+        for w in reversed(list(self.waiting)[:128]):
+            self.cache.engine_touch(w.keys, w.weights, (w.input_len + w.decoded) // ps)
+
+    def _sg_alloc_extend(self, batch) -> None:
+        """``alloc_for_extend``: evict for the pass's new tokens plus one page per request
+        (SGLang's over-estimate when pages hold more than one token), then hold them."""
+        need = 0
+        for r, n in batch:
+            need += n
+        if self.page > 1:
+            need += len(batch) * self.page
+        self._sg_evict_for(need)
+        for r, n in batch:
+            self._sg_hold(r, n)
+
+    def _sg_alloc_decode(self, passes: int) -> None:
+        """``alloc_for_decode`` over ``passes`` decode passes of the running batch: each pass
+        evicts until one page per request is free, then a request takes a page when its
+        next token starts one.  No stamp happens between the passes, so the victims are
+        those of the last pass's shortfall, taken at once."""
+        ps = self.page
+        n = len(self.running)
+        if passes == 1 and ps > 1:
+            # check_decode_mem first evicts for the requests whose next token starts a page
+            starts = 0
+            for s in self.running.values():
+                if s.kv_tokens % ps == 0:
+                    starts += 1
+            if starts:
+                self._sg_evict_for(starts * ps)
+        before_last = 0
+        total = 0
+        for s in self.running.values():
+            c0 = s.kv_tokens
+            before_last += (c0 + passes - 2) // ps - (c0 - 1) // ps
+            total += (c0 + passes - 1) // ps - (c0 - 1) // ps
+        free = (self.pool_pages - self.cache.size - self.private - before_last) * ps
+        need = n * ps
+        if need > free:
+            self.cache.evict(-(-(need - free) // ps))
+        self.private += total
+        for s in self.running.values():
+            s.kv_tokens += passes
+
+    def _sg_checkpoint(self, s: SimRequest, tokens: int, finished: bool = False) -> None:
+        """``RadixCache.checkpoint(req, up_to=tokens)``: the request's first ``tokens`` tokens
+        (prompt, then its generated tokens, keyed by the prompt) page-aligned into the tree."""
+        ps = self.page
+        pages = tokens // ps
+        prompt_pages = s.input_len // ps
+        keys, weights = s.keys, s.weights
+        if pages > prompt_pages:
+            from ..cache.radix import cut_units
+            keys, weights = cut_units(keys, weights, prompt_pages)
+            extra = pages - prompt_pages
+            if weights is None:
+                keys = list(keys) + [s.out_key + j for j in range(extra)]
+            else:
+                keys = list(keys) + [s.out_key]
+                weights = list(weights) + [extra]
+        s.node = self.cache.engine_checkpoint(keys, weights, pages, priority=s.priority,
+                                              inserted=s.inserted_pages, locked=s.node,
+                                              prompt_pages=prompt_pages if finished else None)
+        if pages > s.tree_pages:
+            # the tree owns these pages now (or they were duplicates, freed): off the request
+            self.private -= pages - s.tree_pages
+            s.tree_pages = pages
+        if pages > s.inserted_pages:
+            s.inserted_pages = pages
+
+    def _sg_free(self, s: SimRequest) -> None:
+        """``release_kv_cache``: the request's pages outside the tree go back; unpin."""
+        ps = self.page
+        self.private -= -(-s.kv_tokens // ps) - s.tree_pages
+        s.kv_tokens = s.tree_pages = 0
+        if s.node is not None:
+            self.cache.engine_release(s.node)
+            s.node = None
 
     def _load_seconds(self, s: SimRequest, compute_s: float) -> float:
         """Host and storage loads of a request's cached prefix not hidden behind compute."""
@@ -273,7 +456,7 @@ class Engine:
         done = False
         while self.used + need > pool and len(order) > 1:
             s = order.pop()
-            del self.running[s.idx]
+            self._unrun(s)
             s.decoded += steps - s.join_step
             self.used -= s.held + (steps - s.join_step)
             self.kv_decode -= s.input_len + s.decoded
@@ -282,7 +465,9 @@ class Engine:
             s.retractions += 1
             self.retracted += 1
             self.waiting.appendleft(s)
-            if self.cache is not None:
+            if self._sg:
+                self._sg_free(s)
+            elif self.cache is not None:
                 self.cache.arrive(s.idx, s.keys, s.weights, now)
             done = True
         return done
@@ -303,7 +488,7 @@ class Engine:
                 s.join_step = steps
                 s.decoded = 0
                 s.state = "decode"
-                self.running[s.idx] = s
+                self._run(s)
                 self._fresh.append(s)
                 self.kv_decode += s.input_len
                 s.finish_step = steps + s.output_len
@@ -338,6 +523,8 @@ class Engine:
             budget -= n
             if s.done_new + n >= s.new_total:
                 self.chunked = None
+        if self._sg and self.waiting and self._lru:
+            self._sg_refresh_waiting()
         if self.chunked is None and self.waiting and budget > 0:
             if self.cache is not None and self.cache.has_storage:
                 self.cache.scheduling_pass([w.idx for w in self.waiting], now)
@@ -369,6 +556,8 @@ class Engine:
                     break
         if not batch:
             return None
+        if self._sg:
+            self._sg_alloc_extend(batch)
         for r, n in batch:
             cached = r.input_len + r.decoded - r.new_total + r.done_new
             new_tokens += n
@@ -392,6 +581,8 @@ class Engine:
             r.done_new += n
             r.computed_tokens += n
             if r.done_new < r.new_total:
+                if self._sg:       # SGLang's checkpoint after every chunk
+                    self._sg_checkpoint(r, r.input_len + r.decoded - r.new_total + r.done_new)
                 continue
             r.prefill_end_s = end
             if self.role == "prefill":
@@ -408,10 +599,12 @@ class Engine:
             if r.decoded >= r.output_len:
                 self._finish(r, end)
                 continue
+            if self._sg:
+                self._sg_checkpoint(r, r.kv_tokens)
             r.join_step = self.steps
             r.state = "decode"
             r.itl_first_s = end
-            self.running[r.idx] = r
+            self._run(r)
             self._fresh.append(r)
             self.kv_decode += r.input_len + r.decoded
             r.finish_step = self.steps + (r.output_len - r.decoded)
@@ -420,6 +613,9 @@ class Engine:
         return end
 
     def _finish(self, s: SimRequest, t: float) -> None:
+        if self._sg:             # release_kv_cache(checkpoint=True): prompt and output into the tree
+            self._sg_checkpoint(s, s.kv_tokens, finished=True)
+            self._sg_free(s)
         s.finish_s = t
         s.state = "done"
         self.used -= s.held
@@ -435,6 +631,8 @@ class Engine:
         room = self.spec.pool_tokens - self.used
         if room // n < k:
             k = room // n
+        if self._sg and self.cache._node_hooks:
+            k = 1          # the policy reads the clock at every eviction: one pass at a time
         step_s = self._step_s
         kv = self.kv_decode
         while k > 2:
@@ -459,6 +657,8 @@ class Engine:
                 else:
                     lo = m + 1
             j = lo
+        if self._sg:
+            self._sg_alloc_decode(j)
         total = a * j + slope * j * (j - 1) / 2
         end = now + total
         self.passes += j
@@ -486,6 +686,8 @@ class Engine:
             n = len(self.running)
         else:
             self.retracted_now = False
+        if self._sg:
+            self._sg_alloc_decode(1)
         d = self._step_s(n, 0, n, self.kv_decode)
         end = now + d
         self.passes += 1
@@ -538,7 +740,7 @@ class Engine:
             fs, _, s = heappop(heap)
             if s.state != "decode" or s.finish_step != fs or self.running.get(s.idx) is not s:
                 continue            # retracted (its entry is stale)
-            del self.running[s.idx]
+            self._unrun(s)
             s.decoded = s.decoded + steps - s.join_step
             self.kv_decode -= s.input_len + s.decoded
             s.held += steps - s.join_step          # _finish frees all of it

@@ -132,8 +132,9 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
     ``radix_eviction_policy`` and ``radix_eviction_policy_config``.  ``policy`` /
     ``policy_config`` override the last two; they are how replay-only policies
     (``belady``) and non-choice ones (``fifo``) are selected.  ``cache_semantics`` is
-    ``"rules"`` (``replay_rules.md``) or ``"sglang"`` (SGLang's node-granular radix cache;
-    see :mod:`sglang_hydra.cache.radix`).  ``requests`` may be a
+    ``"rules"`` (``replay_rules.md``) or ``"sglang"`` (SGLang's scheduler and radix cache, the
+    path of ``job=replay job.cache_semantics=sglang``: the pool is the capacity, each request
+    asks for one token; docs/whatif.md, "Follows the engine").  ``requests`` may be a
     :class:`~sglang_hydra.workload.trace.Trace` or any iterable of requests.
     """
     import dataclasses
@@ -168,8 +169,11 @@ def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
                                hierarchical=False, semantics=cache_semantics)
 
         longest = max(r.input_length for r in reqs) + 2
-        spec = EngineSpec(_InstantPasses(), pool_tokens=longest, max_running=1, chunk_tokens=None,
-                          max_prefill_tokens=longest)
+        # the rules' tree alone holds the capacity; under sglang semantics the engine's pool is
+        # the capacity, shared with the request being served (docs/whatif.md, "Follows the engine")
+        pool = longest if cache_semantics == "rules" or capacity is None else max(longest, capacity * page_size)
+        spec = EngineSpec(_InstantPasses(), pool_tokens=pool, max_running=1, chunk_tokens=None,
+                          max_prefill_tokens=pool)
         group = ServerGroup("agg", spec, make_cache=None if disabled else make_cache, page_size=page_size)
         model = DeploymentModel("agg", {"agg": group}, router_policy="round_robin", block_size=block_size)
         # alone and in order: request i arrives at i ms and asks for one token

@@ -20,9 +20,11 @@ in host memory or in storage.  :class:`PrefillTimeline` turns those hits into ti
   chunk is exposed; storage hits that the caller did not prefetch are read at
   ``storage_read_gbps`` before compute starts, and ``storage_wait_s`` is added as given.
 
-Pure Python, no torch: a sweep point replays 12k requests in well under a second.
-Every simplification is listed by :func:`assumptions` (and written to replay.json) with
-what would make it wrong.
+Pure Python, no torch.  Who uses it: ``job=estimate`` (:func:`default_chunk_tokens`) and
+``scripts/aic_compare.py`` (a prefill timeline beside aiconfigurator's); ``job=replay`` does not
+(its engines time every pass with :class:`~sglang_hydra.perf.pass_time.PassModel` in the
+deployment loop).  Every simplification is listed by :func:`assumptions` with what would make
+it wrong.
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ class HardwareSpec:
     hbm_bandwidth_gbps: float     # device memory, GB/s
     h2d_gbps: float               # host -> device copy, GB/s per GPU
     # share of the peak a prefill pass reaches (0-1]: only for the single-factor cost of a bare
-    # ModelShape; a timeline given a PassModel (what job=replay builds) times passes with it
+    # ModelShape; a timeline given a PassModel times passes with it instead
     prefill_efficiency: float = 0.5
     storage_read_gbps: Optional[float] = None   # storage -> host, GB/s per node (needed for storage hits)
     gpu_memory_gb: float = 80.0

@@ -99,11 +99,11 @@ def test_achieved_storage_write_rate_matches_the_time_spent_writing():
     assert 0.4 * expected <= c.meter.rate_gbps("storage_write") <= expected * 1.0001
 
 
-def test_full_replay_reports_real_bytes_rates_and_ratios(tmp_path):
-    """Storage bytes in the result are the bytes the backend itself counted, in both a cold and
-    a warm (second) run over the same directory, and every direction that moved bytes has an
-    achieved rate and a ratio to the ceiling measured at start-up."""
-    from sglang_hydra.workload.full_replay import TIER_DIRECTIONS, full_replay
+def test_full_replay_reports_real_bytes_rates_and_ratios(tmp_path, full_mode):
+    """Storage bytes in job.mode=full's report are the bytes the backend itself counted, in both a
+    cold and a warm (second) run over the same directory, and every direction that moved bytes
+    has an achieved rate and a ratio to the ceiling measured before the first request."""
+    from sglang_hydra.workload.bandwidth import TIER_DIRECTIONS
     from sglang_hydra.workload.trace import load_trace
 
     rec = make_record(enable_hierarchical_cache=True, hicache_ratio=2.0, max_total_tokens=4096 * PS, page_size=PS,
@@ -112,21 +112,20 @@ def test_full_replay_reports_real_bytes_rates_and_ratios(tmp_path):
                       hicache_storage_backend_extra_config=json.dumps({"file_storage_path": str(tmp_path),
                                                                        "prefetch_threshold": 32}))
     tr = load_trace()
-    cold = full_replay(rec, tr, max_requests=8)
-    warm = full_replay(rec, tr, max_requests=8)
+    cold = full_mode(rec, tr, max_requests=8)
+    warm = full_mode(rec, tr, max_requests=8)
     for r in (cold, warm):
-        assert r.bytes_moved["storage_write"] == r.storage_stats["bytes_written"]
-        assert r.bytes_moved["storage_read"] == r.storage_stats["bytes_read"]
+        f = r["full_mode"]
+        assert f["storage_write_bytes"] == r["storage_stats"]["bytes_written"]
+        assert f["storage_read_bytes"] == r["storage_stats"]["bytes_read"]
         for d in TIER_DIRECTIONS:
-            if r.bytes_moved[d]:
-                assert r.achieved_gbps[d] > 0 and r.transfer_seconds[d] > 0
-                assert r.bandwidth_gbps[d] > 0 and r.bandwidth_ratio[d] == pytest.approx(
-                    r.achieved_gbps[d] / r.bandwidth_gbps[d])
+            assert f[f"{d}_ceiling_gbps"] > 0
+            if f[f"{d}_bytes"]:
+                assert f[f"{d}_achieved_gbps"] > 0 and f[f"{d}_transfer_s"] > 0
+                assert f[f"{d}_ceiling_ratio"] == pytest.approx(f[f"{d}_achieved_gbps"] / f[f"{d}_ceiling_gbps"])
             else:
-                assert r.achieved_gbps[d] is None and r.bandwidth_ratio[d] is None
-    assert cold.bytes_moved["storage_write"] > 0
-    assert warm.bytes_moved["storage_write"] < cold.bytes_moved["storage_write"]   # already stored
-    assert warm.bytes_moved["storage_read"] > 0
-    rows = dict(warm.summary_rows())
-    assert "host->storage GB/s achieved / ceiling" in rows and "x)" in rows["storage->host GB/s achieved / ceiling"]
+                assert f[f"{d}_achieved_gbps"] is None and f[f"{d}_ceiling_ratio"] is None
+    assert cold["full_mode"]["storage_write_bytes"] > 0
+    assert warm["full_mode"]["storage_write_bytes"] < cold["full_mode"]["storage_write_bytes"]   # already stored
+    assert warm["full_mode"]["storage_read_bytes"] > 0
     assert not [f for f in tmp_path.iterdir() if not f.name.endswith(".bin")]      # probe pages removed

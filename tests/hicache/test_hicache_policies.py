@@ -50,8 +50,7 @@ def test_priority_policy_keeps_high_priority_pages():
 
 
 @pytest.mark.parametrize("policy", FULL_MODE_POLICIES)
-def test_each_policy_replays_with_byte_identical_loads(policy):
-    from sglang_hydra.workload.full_replay import full_replay
+def test_each_policy_replays_with_byte_identical_loads(policy, full_mode):
     from sglang_hydra.workload.synthetic import generate_conversations
 
     # multi-turn conversations reuse their history at once; 16 device pages force evictions
@@ -59,11 +58,13 @@ def test_each_policy_replays_with_byte_identical_loads(policy):
     rec = make_record(enable_hierarchical_cache=True, hicache_ratio=2.0, max_total_tokens=48 * 128, page_size=128,
                       hicache_write_policy="write_through", hicache_io_backend="direct",
                       hicache_storage_backend_extra_config='{"prefetch_threshold": 128}')
-    r = full_replay(rec, reqs, policy=policy, policy_config=CONFIGS.get(policy), storage=SimStorage())
-    assert r.policy == policy
-    assert r.evictions["device"] > 0 and r.evictions["host"] > 0          # the policy had to choose
-    assert r.hit_tokens["host"] + r.hit_tokens["storage"] > 0              # and pages came back from below
-    assert r.verified_pages > 0 and r.verify_mismatch_pages == 0          # every load byte-identical
+    r = full_mode(rec, reqs, policy=policy, policy_config=CONFIGS.get(policy), storage=SimStorage())
+    assert r["policy"] == policy
+    counts = r["cache"]["tier_counts"]
+    assert counts["device_evicted_pages"] > 0 and counts["host_evicted_pages"] > 0   # the policy had to choose
+    assert r["cache"]["host_hit_tokens"] + r["cache"]["storage_hit_tokens"] > 0     # and pages came back from below
+    f = r["full_mode"]
+    assert f["verified_pages"] > 0 and f["verify_mismatch_pages"] == 0              # every load byte-identical
 
 
 @pytest.mark.parametrize("policy", REPLAY_ONLY)

@@ -128,29 +128,27 @@ def _burst_trace(n):
 
 
 @pytest.mark.parametrize("interval,attempts,expected", [(1, 8, 6), (1, 1, 4), (0, 8, 0), (1, 0, 0)])
-def test_full_replay_counts_passes_and_retries(tmp_path, interval, attempts, expected):
+def test_full_replay_counts_passes_and_retries(tmp_path, interval, attempts, expected, full_mode):
     """Six simultaneous arrivals, nothing in storage, one request running at a time
     (``max_running_requests=1``): request j is admitted at pass j + 1 and is the queue head then.  With interval 1 a miss seen at pass p is due at pass p + 1, and
     one registered during a retry at pass p is due at p + 2: requests 2..5 retry at pass 2,
     requests 4..5 again at pass 4 (6 retries); with a budget of 1 only the first round (4)."""
-    from sglang_hydra.workload.full_replay import full_replay
-
     rec = make_record(enable_hierarchical_cache=True, hicache_ratio=2.0, max_total_tokens=256 * PS, page_size=PS,
                       max_running_requests=1, hicache_io_backend="direct", hicache_storage_backend="file",
                       hicache_storage_prefetch_retry_poll_interval=interval,
                       hicache_storage_prefetch_retry_max_attempts=attempts,
                       hicache_storage_backend_extra_config=json.dumps({"file_storage_path": str(tmp_path),
                                                                        "prefetch_threshold": PS}))
-    r = full_replay(rec, _burst_trace(6))
-    assert r.scheduling_passes == 7
-    assert r.prefetch["retries"] == expected
-    assert r.prefetch["retry_issued"] == 0                # nothing ever appeared in storage
-    assert r.requests == 7 and r.verify_mismatch_pages == 0
+    r = full_mode(rec, _burst_trace(6))
+    counts = r["cache"]["tier_counts"]
+    assert counts["scheduling_passes"] == 7
+    assert counts["prefetch_retries"] == expected
+    assert counts["prefetch_retry_issued"] == 0           # nothing ever appeared in storage
+    assert r["requests"]["requests_completed"] == 7 and r["full_mode"]["verify_mismatch_pages"] == 0
 
 
-def test_record_fields_reach_the_cache(tmp_path, monkeypatch):
+def test_record_fields_reach_the_cache(tmp_path, monkeypatch, full_mode):
     from sglang_hydra.cache.tiered import TieredCache
-    from sglang_hydra.workload import full_replay as fr
 
     seen = {}
     real = TieredCache.__init__
@@ -163,6 +161,6 @@ def test_record_fields_reach_the_cache(tmp_path, monkeypatch):
     rec = make_record(enable_hierarchical_cache=True, max_total_tokens=64 * PS, page_size=PS,
                       hicache_io_backend="direct", hicache_storage_prefetch_retry_poll_interval=3,
                       hicache_storage_prefetch_retry_max_attempts=5)
-    fr.full_replay(rec, [SimpleNamespace(timestamp=0.0, input_length=32, output_length=1, hash_ids=(1,),
+    full_mode(rec, [SimpleNamespace(timestamp=0.0, input_length=32, output_length=1, hash_ids=(1,),
                                          priority=0)])
     assert seen["retry_poll_interval"] == 3 and seen["retry_max_attempts"] == 5

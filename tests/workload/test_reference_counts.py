@@ -62,9 +62,10 @@ def test_ghost_lru_targets(trace):
             assert (ours - lru) / (bel - lru) >= 0.10, blocks
 
 
-#: SGLang 0.5.23's own RadixCache over the same trace (scripts/engine_radix_oracle.py;
-#: tests/cache/test_engine_radix_differential.py checks every request against it)
-ENGINE_LRU = {1000: 12831, 4000: 24677, 16000: 75274}
+#: SGLang 0.5.23's own RadixCache over the whole trace, called as its scheduler calls it, one
+#: request at a time with one output token and a pool of C pages (scripts/engine_radix_oracle.py,
+#: loop=scheduler; page 512; every one of the 12,031 requests identical, 2026-12-05)
+ENGINE_LRU = {1000: 12933, 4000: 25547, 16000: 76645}
 
 
 @pytest.mark.parametrize("blocks", sorted(ENGINE_LRU))
@@ -72,5 +73,6 @@ def test_sglang_semantics_reproduce_the_engine(trace, blocks):
     rec = make_record(page_size=512, max_total_tokens=blocks * 512)
     res = replay(rec, trace, policy="lru", cache_semantics="sglang")
     assert res.hit_blocks == ENGINE_LRU[blocks]
-    # the rules differ by whole-node eviction only: a little, in one direction
-    assert 0 < EXPECTED["lru"][blocks] - res.hit_blocks < 0.01 * EXPECTED["lru"][blocks] + 300
+    # the rules differ (whole-node eviction, a match of at most len - 1 tokens, eviction when the
+    # engine allocates rather than after the insert): by a few percent at most
+    assert 0 < abs(EXPECTED["lru"][blocks] - res.hit_blocks) < 0.03 * EXPECTED["lru"][blocks]
