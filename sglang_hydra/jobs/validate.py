@@ -14,8 +14,9 @@ requests, and compare request by request.
    prefix cache is flushed.  The requests go through :mod:`.engine_client` (streaming; TTFT and
    every token's arrival on the client's clock); then everything is stopped.
 3. The prediction: ``job=replay``'s own evaluation on the same record, deployment and hardware,
-   over ``sent_trace.jsonl`` with ``arrival=as_is`` (sequential pacing places each request far
-   after the previous, so each runs alone, as it did).  ``job.calibrate=true`` first fits this
+   over ``sent_trace.jsonl`` (``arrival=sequential`` for sequential pacing, each request when the
+   one before it finished, else ``as_is``), with ``cache_semantics=sglang``: the prefix cache
+   called as SGLang's scheduler calls it (the replay's rules with HiCache).  ``job.calibrate=true`` first fits this
    machine's pass-time model on the launched engine (:mod:`.engine_calibration`) and predicts
    with it.
 4. The comparison (:mod:`..workload.validation`): ``validation.csv`` (one row per request,
@@ -163,12 +164,16 @@ def _tolerances(job: dict):
 
 
 # --------------------------------------------------------------------------- the job
-def _replay_job(job: dict, trace_path: str) -> Dict[str, Any]:
+def _replay_job(job: dict, trace_path: str, hicache: bool = False) -> Dict[str, Any]:
     from .specs import ReplayJob
     rj = {f.name: f.default for f in dc_fields(ReplayJob)}
     rj["sla"] = {"ttft_ms": 2000.0, "tpot_ms": 50.0}
-    rj.update(trace=trace_path, arrival="as_is", time_scale=1.0, progress=False, format="json",
-              seed=int(job.get("seed", 0) or 0))
+    rj.update(trace=trace_path, time_scale=1.0, progress=False, format="json", seed=int(job.get("seed", 0) or 0),
+              # one at a time: each request when the one before it finished, as the client sent them
+              arrival="sequential" if job.get("pacing") == "sequential" else "as_is",
+              # the prefix cache as SGLang's scheduler calls it (docs/whatif.md, "Follows the engine");
+              # the engine's semantics cover one tier, so HiCache keeps the replay's rules
+              cache_semantics="rules" if hicache else "sglang")
     return rj
 
 
@@ -251,7 +256,9 @@ def run(target, job: dict, ctx: JobContext) -> int:
     if calibration is not None:
         rctx.hardware = calibration
     say("predicting the same requests with job=replay ...")
-    doc, pred_rows = evaluate_requests(rtarget, _replay_job(job, str(out / "sent_trace.jsonl")), rctx)
+    records = [s.record for s in getattr(target, "servers", ())] or [target]
+    hicache = any(getattr(r, "enable_hierarchical_cache", False) for r in records)
+    doc, pred_rows = evaluate_requests(rtarget, _replay_job(job, str(out / "sent_trace.jsonl"), hicache), rctx)
     ctx.write_text("predicted.jsonl", write_jsonl(pred_rows))
 
     # ---- the comparison
