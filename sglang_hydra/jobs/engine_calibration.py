@@ -272,6 +272,15 @@ def preset_from(cal: Calibration, name: str, source: str) -> Dict[str, Any]:
     return out
 
 
+def calibration_report(cal: Calibration, preset: Dict[str, Any]) -> Dict[str, Any]:
+    """``calibrate.json``: the preset, every measured pass with the fitted model's time for it."""
+    checks = [{"kind": s.kind, "new_tokens": s.new, "cached_tokens": s.cached, "batch": s.batch,
+               "context": s.context, "measured_ms": s.seconds * 1000,
+               "predicted_ms": s.seconds * (1 + e) * 1000, "error_pct": 100 * e}
+              for s, e in zip(cal.samples, cal.errors)]
+    return {"via": "engine", "preset": preset, "checks": checks, "max_abs_error_pct": 100 * cal.worst_error}
+
+
 def run_engine_calibration(record, job: dict, ctx) -> Dict[str, Any]:
     """``job=calibrate`` through the real engine: launch, warm up, measure, fit, write the preset."""
     import json
@@ -299,12 +308,9 @@ def run_engine_calibration(record, job: dict, ctx) -> Dict[str, Any]:
     header = (f"# Written by sglang-hydra job=calibrate (via the engine).\n"
               f"# Use: sglang-hydra hydra.searchpath=[file://{out_dir.resolve()}] hardware={name} ...\n")
     ctx.write_text(f"hardware/{name}.yaml", header + yaml.safe_dump(preset, sort_keys=False))
-    checks = [{"kind": s.kind, "new_tokens": s.new, "cached_tokens": s.cached, "batch": s.batch,
-               "context": s.context, "measured_ms": s.seconds * 1000,
-               "predicted_ms": s.seconds * (1 + e) * 1000, "error_pct": 100 * e}
-              for s, e in zip(cal.samples, cal.errors)]
-    result = {"via": "engine", "preset": preset, "preset_path": str(out_dir / "hardware" / f"{name}.yaml"),
-              "checks": checks, "max_abs_error_pct": 100 * cal.worst_error}
+    result = calibration_report(cal, preset)
+    checks = result["checks"]
+    result["preset_path"] = str(out_dir / "hardware" / f"{name}.yaml")
     ctx.write_text("calibrate.json", json.dumps(result, indent=2))
     if job.get("format") == "json":
         print(json.dumps(result, indent=2))

@@ -322,6 +322,13 @@ def simulation_names(target, launched_names: Sequence[str]) -> Dict[str, str]:
     return out
 
 
+def _write_calibration(ctx, fit) -> None:
+    """The profile the prediction used, and every pass it was fitted on (``calibrate.json``)."""
+    from .engine_calibration import calibration_report, preset_from
+    preset = preset_from(fit, "local_engine", "job=validate job.calibrate=true: fitted on the launched engine")
+    ctx.write_text("calibrate.json", json.dumps(calibration_report(fit, preset), indent=2))
+
+
 def _serve(target, job, ctx, plan, maker, say):
     """Launch (or reach), warm up, flush, send, stop.  Returns ((measured, calibration or None,
     launched server name -> replay name), router counts by replay name)."""
@@ -342,7 +349,8 @@ def _serve(target, job, ctx, plan, maker, say):
         if job.get("calibrate"):
             from .engine_calibration import calibrate_on
             say("calibrating this machine's pass-time model on the engine ...")
-            calibration, _fit = calibrate_on(dep.worker_urls[0], _front_record(target), ctx.hardware, maker, say=say)
+            calibration, fit = calibrate_on(dep.worker_urls[0], _front_record(target), ctx.hardware, maker, say=say)
+            _write_calibration(ctx, fit)
             for url in dep.worker_urls:
                 flush_cache(url)
         before = dep.worker_counts() if dep.router_metrics_url else None
