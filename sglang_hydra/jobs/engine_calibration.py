@@ -226,7 +226,21 @@ def fit_profile(record, base: Dict[str, Any], ceilings: Dict[str, float], sample
         # squared log ratio: over- and under-prediction by the same factor cost the same
         return sum(math.log1p(e) ** 2 if e > -1 else 1e6 for e in errors(params(x)))
 
-    x = minimise(loss, [0.0] * len(names), steps=steps)
+    def unsquash(v: float, lo: float, hi: float) -> float:
+        f = min(max((v - lo) / (hi - lo), 1e-6), 1 - 1e-6)
+        return math.log(f / (1.0 - f))
+
+    # start where the passes point: the shortest decode pass is mostly the per-pass overhead, the
+    # shortest prefill's excess over it mostly the request's path
+    decode = [s.seconds for s in samples if s.kind == "decode"]
+    prefill = [s.seconds for s in samples if s.kind == "prefill"]
+    overhead = 0.8 * min(decode) * 1e6 if decode else 1000.0
+    path = max(1.0, (min(prefill) * 1e6 - overhead) * 0.5) if prefill else 1000.0
+    start = {"gemm_efficiency": 0.5, "attention_prefill_efficiency": 0.3, "attention_decode_efficiency": 0.3,
+             "attention_decode_seq_us": 10.0, "pass_overhead_us": overhead, "request_path_us": path}
+    x = [unsquash(start[n], *FITTED_FIELDS[n]) for n in names]
+    for _ in range(4):             # Nelder-Mead restarted from its best point: the simplex collapses early
+        x = minimise(loss, x, steps=steps)
     best = params(x)
     hw = dict(hw0)
     hw.update(best)
