@@ -419,7 +419,9 @@ def _document(*, record, target_disagg, built, groups, job, ctx, mode, arrival, 
     model = built.model
     sides = built.sides
     dep: Dict[str, Any] = {
-        "deploy_mode": model.mode, "gpus": model.gpus, "router_policy": model.router_policy,
+        # sglang-router sits in front only where a pool has several servers; one server has none
+        "deploy_mode": model.mode, "gpus": model.gpus,
+        "router_policy": model.router_policy if any(g.servers > 1 for g in model.groups.values()) else None,
         "model_path": getattr(record, "model_path", None),
         "hardware_name": getattr(hardware, "name", None), "trace_name": _trace_name(job),
         "cache_mode": mode, "arrival": arrival, "time_scale": time_scale, "seed": int(job.get("seed", 0) or 0),
@@ -467,7 +469,7 @@ def _document(*, record, target_disagg, built, groups, job, ctx, mode, arrival, 
                   "cache_semantics": job.get("cache_semantics") or "rules"}
     if skipped:
         simulation["skipped_lines"] = skipped
-    if "front" in result.routers and model.router_policy == "cache_aware":
+    if "front" in result.routers and dep["router_policy"] == "cache_aware":
         rt = result.routers["front"]
         groups["load"].update(router_cache_routed=rt.cache_routed, router_balance_routed=rt.balance_routed)
     overrides = _flat_overrides(ctx)
@@ -543,7 +545,8 @@ def _print(doc: Dict[str, Any], job: dict, ctx: JobContext) -> None:
     t.add_column("metric")
     t.add_column("value", justify="right")
     rows = [
-        ("deployment", f"{dep['deploy_mode']}: {shape} = {dep['gpus']} GPU(s), router {dep['router_policy']}"),
+        ("deployment", f"{dep['deploy_mode']}: {shape} = {dep['gpus']} GPU(s), "
+                       + (f"router {dep['router_policy']}" if dep["router_policy"] else "no router (one server)")),
         ("requests served / rejected", f"{req['requests_completed']:,} / {req['rejected_requests']:,}"),
         ("TTFT P50 / P90 / P99", f"{_fmt_ms(lat['ttft_p50_ms'])} / {_fmt_ms(lat['ttft_p90_ms'])} / "
                                  f"{_fmt_ms(lat['ttft_p99_ms'])}"),
