@@ -26,9 +26,10 @@ _WORK: Dict[str, Any] = {}
 # --------------------------------------------------------------------------- tasks
 def init_worker(requests: Sequence, sla: Sla, arrival: str, time_scale: float, ignore_sigint: bool = False) -> None:
     """What every task of one search shares (set once per process)."""
-    if ignore_sigint:
-        import signal
+    if ignore_sigint:                   # a forked worker: the search process handles Ctrl-C, and
+        import signal                   # SIGTERM (how it stops a worker) just ends the worker
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _WORK.update(requests=requests, sla=sla, arrival=arrival, time_scale=time_scale)
 
 
