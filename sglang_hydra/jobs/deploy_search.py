@@ -821,7 +821,13 @@ def run(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
         print(json.dumps(summary, indent=2, default=str))
     else:
         print(_table(rows[: int(job.get("top", 20))], rate, sla, len(rows), headroom))
-        print("\n".join(report))
+        if report:
+            print("\n".join(report))
+        else:
+            print(f"best: {best['mode']} {best['layout']} ({best['gpus_used']} of {total} GPUs, {_memory_text(best)}, "
+                  f"router {best['router_policy']}): {best['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU"
+                  + (f" at {best['rate_rps']:.2f} requests/s" if rate else
+                     f", {best['goodput_rps_per_gpu']:.3f} good requests/s/GPU"))
         print(f"wrote {out_dir}/summary.csv, failed.csv, pareto.png, best_deploy.yaml, deploy_search.json")
         print(f"launch it: sglang-hydra --config {out_dir}/best_deploy.yaml job=launch job.dry_run=true")
     if not best["runnable"]:

@@ -198,10 +198,11 @@ class Progress:
         self._name = ""
         self._t0 = 0.0
         self._counts: Dict[str, int] = {}
+        self._total = 0
 
     def start(self, name: str, total: int) -> None:
-        self._name, self._t0, self._counts = name, time.perf_counter(), {}
-        if self.tty:
+        self._name, self._t0, self._counts, self._total = name, time.perf_counter(), {}, total
+        if self.tty and total:
             from tqdm import tqdm
             self._bar = tqdm(total=total, desc=name, file=self.stream, leave=True, unit="run", dynamic_ncols=True)
 
@@ -215,7 +216,7 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        if self.enabled and not self.tty:
+        if self.enabled and not self.tty and self._total:
             counts = ", ".join(f"{v} {k}" for k, v in sorted(self._counts.items())) or "nothing to run"
             print(f"deploy_search: {self._name}: {counts} in {time.perf_counter() - self._t0:.1f} s"
                   + (f"; {note}" if note else ""), file=self.stream, flush=True)
