@@ -11,15 +11,18 @@ workers ignore SIGINT (the search process handles it) and :meth:`SearchPool.clos
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .deploy_eval import Plan, Sla, evaluate, meets
+from .deploy_eval import Plan, Sla, evaluate, meets, shortfall
 
 EXECUTORS = ("local", "ray_local", "ray")
-_POLL_S = 0.05                     # how often the search looks at its tasks (and at Ctrl-C)
+_POLL_S = 0.05
+RATE_STEPS = 14                    # bisection steps of the peers' rate search (2^-14 relative precision at most)
+RATE_TOLERANCE = 0.02              # stop once the bracket is this tight (relative)                     # how often the search looks at its tasks (and at Ctrl-C)
 _WORK: Dict[str, Any] = {}
 
 
@@ -43,7 +46,6 @@ def run_task(task: Tuple) -> Dict[str, Any]:
     if kind == "eval":
         return at_rate(plan, task[2], outrank_ttft_ms=task[3])
     if kind == "rate":
-        from .deploy_search import rate_search
         return rate_search(plan, requests, sla, **how)
     if kind == "profile":
         return profile(plan, held=task[2], tolerance=task[3])
@@ -79,6 +81,61 @@ def profile(plan: Plan, *, held: float, tolerance: float) -> Dict[str, Any]:
         else:
             hi = mid
     return {"at_trace_rate": base, "break_factor": hi, "held_factor": lo, "steps": steps}
+
+
+def base_rate(requests: Sequence, arrival: str = "spread", time_scale: float = 1.0) -> float:
+    """The trace's own request rate as simulated: requests after the first over the time they span."""
+    from ..workload.arrivals import arrival_times
+    if len(requests) < 2:
+        return 0.0
+    times = arrival_times([r.timestamp for r in requests], how=arrival, time_scale=time_scale)
+    span = max(times) - min(times)
+    return (len(requests) - 1) / span if span > 0 else math.inf
+
+
+def rate_search(plan: Plan, requests: Sequence, sla: Sla, *, arrival: str = "spread",
+                time_scale: float = 1.0) -> Dict[str, Any]:
+    """The highest multiple of the trace's request rate at which ``plan`` meets the SLA (bisection
+    on the factor; the SLA is taken to hold on the whole interval below the highest passing
+    rate), with the figures at that rate.  ``rate_rps`` 0 when even the slowest rate tried fails."""
+    base = base_rate(requests, arrival, time_scale)
+    if not math.isfinite(base) or base <= 0:
+        raise ValueError("the rate search needs a trace whose arrivals span some time")
+    tried: Dict[float, Dict[str, Any]] = {}
+
+    def at(f: float) -> Dict[str, Any]:
+        if f not in tried:
+            # f x the rate: every arrival time (spread within its tick as at f = 1) divided by f
+            tried[f] = evaluate(plan, requests, sla, arrival=arrival, time_scale=time_scale / f)
+        return tried[f]
+
+    lo, hi = 0.0, 1.0
+    while meets(at(hi), sla) and hi < 2 ** 12:          # up until it fails
+        lo, hi = hi, hi * 2
+    if lo == 0.0:                                        # down until it holds
+        f = 0.5
+        while f > 2 ** -10 and not meets(at(f), sla):
+            hi, f = f, f / 2
+        if not meets(at(f), sla):
+            out = dict(at(f))
+            out.update(rate_rps=0.0, rate_factor=0.0, tokens_per_s_per_gpu=0.0, closest=shortfall(at(f), sla))
+            return out
+        lo = f
+    for _ in range(RATE_STEPS):
+        if (hi - lo) / hi <= RATE_TOLERANCE:
+            break
+        mid = (lo + hi) / 2
+        if meets(at(mid), sla):
+            lo = mid
+        else:
+            hi = mid
+    out = dict(at(lo))
+    mean_osl = sum(r.output_length for r in requests) / len(requests)
+    out.update(rate_rps=base * lo, rate_factor=lo,
+               # at a rate it keeps up with, a deployment serves what arrives
+               tokens_per_s_per_gpu=base * lo * mean_osl / plan.gpus, closest=shortfall(at(lo), sla))
+    return out
+
 
 
 # --------------------------------------------------------------------------- pools
