@@ -868,7 +868,8 @@ def _write_interrupted(out_dir, search, fit, rate, sla, total, trace_name, n_req
     import json
     running = set(search.in_flight.values())
     extra = []
-    for c in fit:
+    known = set(fit)
+    for c in list(fit) + [c for c in running if c not in known]:     # lever variants too
         if c in running:
             extra.append((c.mode, c.layout, c.gpus, "interrupted", f"running in stage {search.stage!r} when stopped"))
         elif c not in search.rows:
