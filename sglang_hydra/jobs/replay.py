@@ -419,9 +419,10 @@ def _document(*, record, target_disagg, built, groups, job, ctx, mode, arrival, 
     model = built.model
     sides = built.sides
     dep: Dict[str, Any] = {
-        # sglang-router sits in front only where a pool has several servers; one server has none
+        # sglang-router sits in front of a PD pair and of several servers; one server has none
         "deploy_mode": model.mode, "gpus": model.gpus,
-        "router_policy": model.router_policy if any(g.servers > 1 for g in model.groups.values()) else None,
+        "router_policy": model.router_policy if model.mode == "disagg" or any(g.servers > 1 for g in
+                                                                              model.groups.values()) else None,
         "model_path": getattr(record, "model_path", None),
         "hardware_name": getattr(hardware, "name", None), "trace_name": _trace_name(job),
         "cache_mode": mode, "arrival": arrival, "time_scale": time_scale, "seed": int(job.get("seed", 0) or 0),
