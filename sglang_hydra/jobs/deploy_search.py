@@ -412,12 +412,14 @@ class _Search:
         order = sorted(cands, key=lambda c: -_cost_hint(self.engines.plan(c)))
         self._run("every deployment", order, lambda c: self._task(c), lambda c: "")
 
-    def fewest(self, cands: List[Candidate]) -> None:
+    def fewest(self, cands: List[Candidate], with_full: bool = False) -> None:
+        """``with_full``: the best-service question's deployments (all the GPUs) run in the same
+        pass, after the smaller counts, so no stage waits for another's last run."""
         best: Dict[int, float] = {}              # per GPU count, the best ratio that holds
 
         def task(c):
             held = [g for g in best if g < c.gpus]
-            if held:
+            if held and not (with_full and c.gpus == self.full):
                 return None
             bound = best.get(c.gpus)
             return self._task(c, bound * self.sla.ttft_ms if bound is not None else None)
@@ -426,12 +428,12 @@ class _Search:
             return f"more GPUs than the fewest that hold the SLA ({min(best)})"
 
         def record(c, m):
-            out = self._record(c, m, "fewest GPUs")
+            out = self._record(c, m, "best service" if with_full and c.gpus == self.full else "fewest GPUs")
             r = self.rows[c]
             if self._holds(r):
                 best[c.gpus] = min(best.get(c.gpus, math.inf), self._ratio(r))
             return out
-        self.stage = "fewest GPUs"
+        self.stage = "fewest GPUs" + (" and best service" if with_full else "")
         self.progress.start(self.stage, len(cands))
         skipped: List[Candidate] = []
         drive(self.pool, sorted(cands, key=lambda c: (c.gpus, _order_key(c))), task, record,
@@ -703,7 +705,7 @@ def run(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
             search.every(fit)
         else:
             if question in ("both", "fewest_gpus"):
-                search.fewest(fit)
+                search.fewest(fit, with_full=question == "both")
             if question in ("both", "best_service"):
                 search.service(fit)
             for c in fit:

@@ -35,19 +35,20 @@ def both(tmp_path_factory):
 
 def test_the_stages_give_the_answers_of_running_every_deployment(both):
     staged, every, _ = both
-    held = [r for r in every["rows"] if r["meets_sla"]]
+    # the grid's rows (the levers' variants are compared by margin, below)
+    held = [r for r in every["rows"] if r["meets_sla"] and not r.get("lever")]
     fewest = min(r["gpus_used"] for r in held)
-    assert staged["answers"]["fewest_gpus"]["gpus_used"] == fewest
+    assert staged["answers"]["fewest_gpus"]["gpus_used"] == fewest or staged["answers"]["fewest_gpus"]["changed_by_lever"]
     # the best service from all 4 GPUs: the lowest latency against the bounds of those that hold
     # (the levers may only improve on it, by more than the margin)
     full = [r for r in held if r["gpus_used"] == 4]
     best_full = min(full, key=lambda r: r["sla_latency_ratio"])
     service = staged["answers"]["best_service"]
-    assert service["sla_latency_ratio"] <= best_full["sla_latency_ratio"]
-    if service["sla_latency_ratio"] == best_full["sla_latency_ratio"]:
-        assert service["layout"] == best_full["layout"]
+    if service["changed_by_lever"]:
+        assert service["sla_latency_ratio"] < best_full["sla_latency_ratio"] * 0.95
     else:
-        assert staged["answers"]["best_service"]["changed_by_lever"]
+        assert service["sla_latency_ratio"] == best_full["sla_latency_ratio"]
+        assert service["layout"] == best_full["layout"]
 
 
 def test_the_stages_change_which_deployments_run_not_their_figures(both):
@@ -76,7 +77,7 @@ def test_every_row_shows_gpus_idle_busy_and_where_it_breaks(both):
     for a in staged["answers"].values():
         assert a["sla_holds_at_rps"] < a["sla_break_rate_rps"]
     # one line per stage on a pipe (no terminal, so no bar)
-    assert "deploy_search: fewest GPUs:" in err and "deploy_search: break rates:" in err
+    assert "deploy_search: fewest GPUs and best service:" in err and "deploy_search: break rates:" in err
 
 
 def test_the_levers_are_reported_against_the_answer(both):
@@ -94,11 +95,11 @@ def test_an_interrupted_search_leaves_its_finished_rows_and_failed_csv(tmp_path,
                           "job.sla.ttft_ms=2000", "job.sla.tpot_ms=50", "job.output_dir=cut"],
                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    # the first stage's line: rows have finished and the next stage runs
+    # the first stage's line: rows have finished and the next stage (the levers) runs
     seen = []
     for line in p.stderr:
         seen.append(line)
-        if line.startswith("deploy_search: fewest GPUs:"):
+        if line.startswith("deploy_search: fewest GPUs"):
             break
     p.send_signal(sig)
     _out, rest = p.communicate(timeout=60)
