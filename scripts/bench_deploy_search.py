@@ -37,7 +37,16 @@ BUDGET_S = 60.0          # issue 27: the README's 8-GPU search in <= 60 s on thi
 README_SEARCH = ("job=deploy_search", "model=llama3_1_8b", "hardware=h100_80gb", "deploy.total_gpus=8",
                  "job.sla.ttft_ms=2000", "job.sla.tpot_ms=50")
 EXHAUSTIVE = ("job.search.question=all", "job.sla.headroom=1", "job.search.levers=[]")
-RENAMED = {"gpus": "gpus_used"}      # baseline column -> this checkout's
+# baseline column -> this checkout's (issue 27: gpus_used; the schema merge: replay's names)
+RENAMED = {"gpus": "gpus_used", "policy": "eviction_policy", "goodput_share": "sla_met_share",
+           "requests": "requests_total"}
+
+
+def _name(k: str, row: dict) -> str:
+    """This checkout's column for the baseline's ``k`` (a disaggregated row's workers/tp: the prefill side)."""
+    if row.get("mode") == "disagg" and k in ("workers", "tp"):
+        return f"prefill_{k}"
+    return RENAMED.get(k, k)
 
 
 def _extract(ref: str, into: Path) -> Path:
@@ -78,14 +87,14 @@ def _identity(base_tree: Path, tmp: Path, args) -> int:
     base = _search(base_tree, tmp / "identity_baseline", args)
     cur = _search(REPO, tmp / "identity_current", args, EXHAUSTIVE)
     a, b = _rows(tmp / "identity_baseline" / "summary.csv"), _rows(tmp / "identity_current" / "summary.csv")
-    common = [k for k in a[0] if RENAMED.get(k, k) in b[0]]
+    common = [k for k in a[0] if _name(k, {}) in b[0]]
     diffs = []
     if len(a) != len(b):
         diffs.append(f"{len(a)} rows against {len(b)}")
     for i, (ra, rb) in enumerate(zip(a, b), 1):
         for k in common:
-            if ra[k] != rb[RENAMED.get(k, k)]:
-                diffs.append(f"row {i} ({ra['mode']} {ra['layout']}): {k} {ra[k]!r} -> {rb[RENAMED.get(k, k)]!r}")
+            if ra[k] != rb[_name(k, ra)]:
+                diffs.append(f"row {i} ({ra['mode']} {ra['layout']}): {k} {ra[k]!r} -> {rb[_name(k, ra)]!r}")
     print(f"baseline: {len(a)} rows ({base['cpu']:.1f} s CPU); current, exhaustive: {len(b)} rows "
           f"({cur['cpu']:.1f} s CPU); {len(common)} common columns compared")
     for line in diffs[:20]:

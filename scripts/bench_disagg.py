@@ -37,9 +37,9 @@ import time
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 from sglang_hydra.config.testing import make_record  # noqa: E402
-from sglang_hydra.disagg.pd import KVGeometry  # noqa: E402
+from sglang_hydra.disagg.workers import PlainBufferShape  # noqa: E402
 from sglang_hydra.disagg.registry import backend_available  # noqa: E402
-from sglang_hydra.jobs.pd_harness import run_pair  # noqa: E402
+from sglang_hydra.jobs.pd_pair_processes import run_pair  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from loopback_ceiling import loopback_ceiling  # noqa: E402
@@ -49,13 +49,13 @@ MiB = 1 << 20
 PAGED = dict(num_layers=8, head_num=8, head_dim=64, page_size=16, dtype="bfloat16")
 
 
-def _geometry_paged(pages_per_request: int, inflight: int) -> KVGeometry:
-    return KVGeometry(num_pages=pages_per_request * inflight + 8, **PAGED)
+def _geometry_paged(pages_per_request: int, inflight: int) -> PlainBufferShape:
+    return PlainBufferShape(num_pages=pages_per_request * inflight + 8, **PAGED)
 
 
-def _geometry_ceiling(total: int) -> KVGeometry:
+def _geometry_ceiling(total: int) -> PlainBufferShape:
     # one buffer whose single page is the whole 256 MiB: one request moves it in one entry
-    return KVGeometry(num_layers=1, head_num=1, head_dim=total // 2, page_size=1, num_pages=1,
+    return PlainBufferShape(num_layers=1, head_num=1, head_dim=total // 2, page_size=1, num_pages=1,
                       dtype="bfloat16", reserve_page0=False, kv_split=False)
 
 

@@ -104,14 +104,14 @@ def peer_bootstrap(a) -> int:
 def peer_prefill(a) -> int:
     import dataclasses
 
-    from sglang_hydra.disagg.pd import KVGeometry, PrefillWorker
+    from sglang_hydra.disagg.workers import PlainBufferShape, PrefillWorker
     from sglang_hydra.disagg.registry import backend_classes
 
     classes = backend_classes(a.backend)
     if a.external_bootstrap:      # the bootstrap server is its own process (killed on its own)
         classes = dataclasses.replace(classes, bootstrap_server=None)
     w = PrefillWorker(_record(a.backend, "prefill"), host=a.host, bootstrap_port=a.port,
-                      geometry=KVGeometry(**GEOMETRY), classes=classes)
+                      geometry=PlainBufferShape(**GEOMETRY), classes=classes)
     stop = threading.Event()
     out: Dict[str, Any] = {}
     th = threading.Thread(target=lambda: out.setdefault("res", w.serve(None, stop=stop)), daemon=True)
@@ -137,9 +137,9 @@ def peer_prefill(a) -> int:
 
 
 def peer_decode(a) -> int:
-    from sglang_hydra.disagg.pd import DecodeWorker, KVGeometry
+    from sglang_hydra.disagg.workers import DecodeWorker, PlainBufferShape
 
-    w = DecodeWorker(_record(a.backend, "decode"), host=a.host, geometry=KVGeometry(**GEOMETRY))
+    w = DecodeWorker(_record(a.backend, "decode"), host=a.host, geometry=PlainBufferShape(**GEOMETRY))
     _emit("READY", {})
     busy: List[threading.Thread] = []
 
@@ -519,6 +519,29 @@ def _host_used(c) -> int:
     return in_use - owned
 
 
+def _account_l3_fault(row: Row, healthy: Dict[str, int], rounds: List[Dict[str, int]]) -> int:
+    """Add the pages the fault rounds lost to ``row.failed``, each counted once against a healthy
+    round of the same requests: pages the round did not write to L3 beyond the healthy round's
+    (``storage_write_skipped_pages``: failed writes and skipped ones alike), and the L3 hits the
+    healthy round had that this one did not (reads that found nothing or came back short: pages
+    recomputed instead).  No loss at all means the fault was never exercised: a problem.  Returns
+    the pages counted."""
+    lost = 0
+    for d in rounds:
+        unwritten = max(0, d.get("storage_write_skipped_pages", 0) - healthy.get("storage_write_skipped_pages", 0))
+        if unwritten:
+            row.reasons["L3 write not done"] = row.reasons.get("L3 write not done", 0) + unwritten
+            lost += unwritten
+        missed = max(0, healthy.get("storage_hit_pages", 0) - d.get("storage_hit_pages", 0))
+        if missed:
+            row.reasons["L3 hit lost: recomputed"] = row.reasons.get("L3 hit lost: recomputed", 0) + missed
+            lost += missed
+    row.failed += lost
+    if rounds and not lost:
+        row.problems.append("the fault rounds lost no L3 read or write (the case tested nothing)")
+    return lost
+
+
 def run_master_restart(n_rounds: int) -> Row:
     from sglang_hydra.utils.netns import NetLab
     row = Row("master_restart", "mooncake-store")
@@ -550,22 +573,29 @@ def run_master_restart(n_rounds: int) -> Row:
             return bool(d) and d.get("storage_write_pages", 0) > 0 and d.get("storage_hit_pages", 0) > 0 \
                 and d.get("verify_mismatch_pages", 0) == 0
 
+        healthy = None
         for i in range(n_rounds):
             d = round_("before")
             if not used_l3(d):
                 row.problems.append(f"round before the fault did not use L3: {d}")
+            healthy = d
             row.ok += 1
         client.send(cmd="round")              # the master dies while this round reads and writes L3
         t0 = time.monotonic()
         master.kill9()
         r = client.expect("ROUND", 60)
+        during = None
         if r is None:
             row.problems.append("the round during the master kill hung")
+        else:
+            if r["error"]:
+                row.problems.append(f"during the master kill: {r['error']}")
+            during = r["delta"]
+            row.corrupt += during.get("verify_mismatch_pages", 0)
         d = round_("master down")              # must answer (misses / skipped writes), nothing corrupt
         row.detect_s = time.monotonic() - t0
-        if d is not None:
-            row.failed += 2
-            row.reasons["L3 unavailable: misses, writes skipped"] = 2
+        if healthy is not None:
+            _account_l3_fault(row, healthy, [x for x in (during, d) if x is not None])
         master = start("a", "master")
         ok_after = 0
         deadline = time.monotonic() + 30

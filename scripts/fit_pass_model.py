@@ -52,6 +52,15 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from sglang_hydra.perf.fit import EFFICIENCY_MAX, NEGLIGIBLE_RMS  # noqa: E402  (pure Python, no numpy)
+
+#: the most blocks one decode-attention launch can keep resident per SM (2,048 threads / 128 per block):
+#: a split batch cannot occupy the GPU like more than SM count x this many blocks
+MAX_BLOCKS_PER_SM = 16
+#: every term a fit dropped as negligible, per system (written into the preset's provenance note)
+DROPPED = {}
+
 #: streaming multiprocessors per GPU (NVIDIA's whitepapers: A100 108, H100/H200 SXM 132, L40S 142);
 #: the decode kernel splits a batch of fewer blocks than half of them along the context
 SM_COUNT = {"h100_sxm": 132, "h200_sxm": 132, "a100_sxm": 108, "l40s": 142}
@@ -88,9 +97,34 @@ def elementwise_constant_us(system):
         return float(yaml.safe_load(fh)["gpu"]["mem_empirical_constant_latency"]) * 1e6
 
 
-def fit(resid, x0, lo, hi):
-    r = least_squares(resid, x0, bounds=(lo, hi))
-    return r.x, float(np.sqrt(np.mean(r.fun ** 2)))
+def fit(resid, x0, lo, hi, optional=(), names=None):
+    """Bounded least squares on log time; then each ``optional`` index whose term, fixed at exactly
+    0, costs less than ``NEGLIGIBLE_RMS`` of rms is dropped (a term the table does not support is
+    written as 0, not as a vanishing 1e-19), the rest refitted."""
+    def solve(fixed):
+        free = [i for i in range(len(x0)) if i not in fixed]
+
+        def full(q):
+            p = np.array(x0, dtype=float)
+            p[free] = q
+            for i in fixed:
+                p[i] = 0.0
+            return p
+        start = np.clip(np.array(x0, dtype=float)[free], np.array(lo)[free] + 1e-12, np.array(hi)[free] - 1e-12)
+        r = least_squares(lambda q: resid(full(q)), start, bounds=(np.array(lo)[free], np.array(hi)[free]))
+        return full(r.x), float(np.sqrt(np.mean(r.fun ** 2)))
+    fixed = []
+    p, rms = solve(fixed)
+    for i in optional:
+        q, r = solve(fixed + [i])
+        if r - rms < NEGLIGIBLE_RMS:
+            fixed, p, rms = fixed + [i], q, r
+            if names:
+                DROPPED.setdefault(CURRENT[0], []).append(names[i])
+    return p, rms
+
+
+CURRENT = [""]        # the system being fitted (for DROPPED)
 
 
 def fit_gemm(system, peak, bw):
@@ -106,7 +140,9 @@ def fit_gemm(system, peak, bw):
         mem = (2 * n * k + 2 * m * (n + k)) / (bw * me)
         return np.maximum(np.maximum(comp, mem), floor * 1e-6)
     p, rms = fit(lambda p: np.log(model(p) / t), [0.7, 64, 0.8, 5, 100, 100], [0.05, 0, 0.05, 0, 0, 0],
-                 [1, 4096, 1, 100, 1e5, 1e4])
+                 [EFFICIENCY_MAX["compute"], 4096, EFFICIENCY_MAX["memory"], 100, 1e5, 1e4], optional=(1, 4, 5),
+                 names=["gemm_efficiency", "gemm_half_tokens", "memory_efficiency", "kernel_floor_us",
+                        "gemm_half_outputs", "gemm_k_overhead"])
     return dict(gemm_efficiency=p[0], gemm_half_tokens=p[1], gemm_half_outputs=p[4] * 1e3, gemm_k_overhead=p[5],
                 memory_efficiency=p[2], kernel_floor_us=p[3]), rms
 
@@ -125,7 +161,8 @@ def fit_context_attention(system, peak, floor_us):
     def model(p):
         eff, extra = p
         return np.maximum((pairs + extra * b * s) * h * 4 * 128 / (peak * eff), floor_us * 1e-6)
-    p, rms = fit(lambda p: np.log(model(p) / t), [0.5, 100], [0.05, 0], [1, 8192])
+    p, rms = fit(lambda p: np.log(model(p) / t), [0.5, 100], [0.05, 0], [EFFICIENCY_MAX["compute"], 8192],
+                 optional=(1,), names=["attention_prefill_efficiency", "attention_prefill_extra_pairs"])
     return dict(attention_prefill_efficiency=p[0], attention_prefill_extra_pairs=p[1]), rms
 
 
@@ -151,8 +188,13 @@ def fit_generation_attention(system, bw, floor_us):
         occ = np.where(blocks < split_below, split, blocks)
         return np.maximum(nbytes / (bw * eff) * (1 + half / occ) + (b * seq_us + layer_us) * 1e-6,
                           floor_us * 1e-6)
+    max_ctas = SM_COUNT[system] * MAX_BLOCKS_PER_SM
     p, rms = fit(lambda p: np.log(model(p) / t), [0.7, 0.1, 50.0, 10.0, 200.0], [0.05, 0, 0, 0, 1],
-                 [1, 100, 4096, 500, 1e4])
+                 [EFFICIENCY_MAX["memory"], 100, 4096, 500, max_ctas], optional=(1, 2, 3),
+                 names=["attention_decode_efficiency", "attention_decode_seq_us", "attention_decode_half_ctas",
+                        "attention_decode_layer_us", "attention_decode_split_ctas"])
+    if p[2] == 0.0:                     # no occupancy term: a split changes nothing, so there is none to fit
+        split_below, p[4] = 0.0, 0.0
     return dict(attention_decode_efficiency=p[0], attention_decode_seq_us=p[1], attention_decode_half_ctas=p[2],
                 attention_decode_layer_us=p[3], attention_decode_split_below=split_below,
                 attention_decode_split_ctas=p[4]), rms
@@ -174,14 +216,15 @@ def fit_allreduce(system, link, kind):
             per_gpu = ring / (link * eff)
             shared = 2 * (tp - 1) * nbytes / bridge
             return lat * 1e-6 + np.where(pair, per_gpu, shared)
-        p, rms = fit(lambda p: np.log(model(p) / t), [0.6, 10, 15e9], [0.01, 0, 1e8], [1, 500, 1e12])
+        p, rms = fit(lambda p: np.log(model(p) / t), [0.6, 10, 15e9], [0.01, 0, 1e8],
+                     [EFFICIENCY_MAX["compute"], 500, 1e12])
         return dict(allreduce_efficiency=p[0], allreduce_latency_us=p[1], allreduce_tp_scaling=0.0,
                     allreduce_bridge_gbps=p[2] / 1e9), rms
 
     def model(p):
         eff, lat, scaling = p
         return lat * 1e-6 + ring / (link * eff * (tp / 2) ** scaling)
-    p, rms = fit(lambda p: np.log(model(p) / t), [0.6, 10, 0.0], [0.01, 0, -1], [1, 500, 1])
+    p, rms = fit(lambda p: np.log(model(p) / t), [0.6, 10, 0.0], [0.01, 0, -1], [EFFICIENCY_MAX["compute"], 500, 1])
     return dict(allreduce_efficiency=p[0], allreduce_latency_us=p[1], allreduce_tp_scaling=p[2],
                 allreduce_bridge_gbps=None), rms
 
@@ -198,6 +241,7 @@ def allreduce_table(system):
 
 
 def derive(system):
+    CURRENT[0] = system
     preset, tflops, hbm, link, kind = SYSTEMS[system]
     peak, bw, link_bw = tflops * 1e12, hbm * 1e9, link * 1e9
     out, notes = {}, []
@@ -218,7 +262,14 @@ def derive(system):
     out["elementwise_kernel_us"] = elementwise_constant_us(system)
     notes.append("elementwise_kernel_us: gpu.mem_empirical_constant_latency of aiconfigurator's "
                  f"systems/{system}.yaml")
-    out["pass_overhead_us"] = 0.0      # no kernel table: scripts/refine_pass_model.py fits it end to end
+    # no kernel table measures a per-pass cost, and aiconfigurator's static estimate (the only end-to-end
+    # figure the refinement sees) sums kernels: nothing to fit it on, so the model has none
+    out["pass_overhead_us"] = 0.0
+    if DROPPED.get(system):
+        notes.append("terms the tables do not support (dropping each costs < "
+                     f"{NEGLIGIBLE_RMS} rms log error), written as exactly 0: {', '.join(DROPPED[system])}")
+    notes.append(f"efficiencies bounded below 1: compute {EFFICIENCY_MAX['compute']}, HBM {EFFICIENCY_MAX['memory']}; "
+                 f"split-KV occupancy at most {MAX_BLOCKS_PER_SM} blocks per SM")
     return preset, out, notes
 
 

@@ -2,9 +2,11 @@
 
 ``compose_record`` turns Hydra overrides and the reference engine's flags into one
 resolved, immutable ``ServerArgs``; later stages (memory pools, caches, PD transfer,
-replay) read only that record.  Importing this package never imports torch or Hydra; it
-registers the built-in jobs and eviction policies with the config layer
-(:mod:`sglang_hydra.plugins`), which imports nothing above itself.
+replay) read only that record.  Importing this package loads only the config layer's
+registry (standard library): it hands the registry the function that registers the built-in
+jobs and eviction policies (:mod:`sglang_hydra.plugins`), which runs on the first read of a
+registry.  So the SGLang engine plugin (:mod:`sglang_hydra.cache.sglang_plugin`) loads
+inside a server without the jobs, the config composer or the cache.
 """
 from __future__ import annotations
 
@@ -45,4 +47,10 @@ def _register_builtins() -> None:
     load_builtin_plugins()
 
 
-_register_builtins()
+def _defer_registration() -> None:
+    from .config.registry import add_registrar
+
+    add_registrar(_register_builtins)
+
+
+_defer_registration()

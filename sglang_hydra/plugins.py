@@ -2,8 +2,10 @@
 
 ``config`` imports nothing above it, yet composing a record needs to know the jobs
 (``job=replay job.format=json``), the eviction-policy names (``ghost_lru``) and how to check
-a policy's parameters.  Importing ``sglang_hydra`` runs :func:`load_builtin_plugins` once,
-so the command line, ``compose_record`` and every test see the same registries.  All of it is
+a policy's parameters.  Importing ``sglang_hydra`` defers :func:`load_builtin_plugins` to the
+first read of a registry (``config.registry.add_registrar``), so the command line,
+``compose_record`` and every test see the same registries, and a process that needs none
+(SGLang loading the engine plugin) does not pay for them.  All of it is
 pure Python: nothing here imports torch, Triton or Hydra.
 
 Third-party code extends the same registries directly: ``config.registry.register_job_schema``,
@@ -21,7 +23,7 @@ def load_builtin_plugins() -> None:
     global _loaded
     if _loaded:
         return
-    from .cache import policies  # noqa: F401  (registers each policy's name as a config choice)
+    from .cache import hit_density, policies  # noqa: F401  (register each policy's name as a config choice)
     from .config.registry import register_policy_param_checker
     from .jobs import specs  # noqa: F401  (registers each job's settings)
 

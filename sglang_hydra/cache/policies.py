@@ -17,12 +17,13 @@ being a configuration choice (``fifo``, as in the reference engine).
 """
 from __future__ import annotations
 
+import importlib
 import math
-import zlib
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Type
 
+from .hit_density_core import stable_hash
 from .sglang_plugin import HOOKED_POLICIES, ghost_history
 
 __all__ = [
@@ -485,13 +486,6 @@ class GhostLFUPolicy(GhostLRUPolicy):
         return node.last_access
 
 
-def _stable_hash(key) -> int:
-    """A hash that does not change between processes (``hash(str)`` does)."""
-    if type(key) is int:
-        return (key * 0x9E3779B1) >> 7
-    return zlib.crc32(repr(key).encode())
-
-
 class _MiniCache:
     """A flat, sampled stand-in for the cache (SHARDS-style miniature simulation) that
     runs the ``ghost_lfu`` key with one fixed ``alpha`` and counts its hits."""
@@ -595,7 +589,7 @@ class AutoGhostLFUPolicy(GhostLFUPolicy):
         s = self.sample
         accesses = self._accesses
         for key in page_keys:
-            h = (key * 0x9E3779B1) >> 7 if type(key) is int else _stable_hash(key)
+            h = (key * 0x9E3779B1) >> 7 if type(key) is int else stable_hash(key)
             if h % s == 0:
                 for access in accesses:
                     access(key, clock)
@@ -665,6 +659,15 @@ class PolicyInfo:
 
 _POLICIES: Dict[str, PolicyInfo] = {}
 
+#: Built-in policies defined in their own module (which imports this one, so this one names it
+#: instead of importing it); loaded before the registry is first read.
+_POLICY_MODULES = ["hit_density"]
+
+
+def _load_policy_modules() -> None:
+    while _POLICY_MODULES:
+        importlib.import_module(f"{__package__}.{_POLICY_MODULES.pop(0)}")
+
 
 def register_eviction_policy(name: str, cls: Type[EvictionPolicy], *, replay_only: bool = False,
                              config_choice: Optional[bool] = None, replace: bool = False) -> None:
@@ -691,6 +694,7 @@ def register_eviction_policy(name: str, cls: Type[EvictionPolicy], *, replay_onl
 
 
 def get_policy_info(name: str) -> PolicyInfo:
+    _load_policy_modules()
     try:
         return _POLICIES[name]
     except KeyError:
@@ -700,6 +704,7 @@ def get_policy_info(name: str) -> PolicyInfo:
 
 
 def available_policies(*, include_replay_only: bool = True) -> List[str]:
+    _load_policy_modules()
     return [n for n, info in _POLICIES.items() if include_replay_only or not info.replay_only]
 
 
@@ -717,6 +722,7 @@ def validate_policy_config(name: str, cfg: Optional[Mapping[str, Any]]) -> List[
     "all defaults" (cross-parameter rules still apply, so ``tlru`` with no config is an
     error, as in the reference engine).
     """
+    _load_policy_modules()
     info = _POLICIES.get(name)
     if info is None:
         return [f"unknown eviction policy {name!r}; known policies: "

@@ -39,7 +39,10 @@ sibling module, the one relative import here), which is what makes the engine di
 This module imports nothing but the standard library (and its std-lib-only sibling
 ``hit_density_core``) at import time and SGLang inside
 :func:`register`: a server's environment need not have Hydra, omegaconf or the rest of
-sglang-hydra's dependencies.  ``SGLANG_PLUGINS=hydra_eviction_policies`` loads only this
+sglang-hydra's dependencies.  Importing it loads no other project module but the two package
+``__init__`` files (lazy) and the config layer's std-lib-only registry, where the package only
+leaves its deferred registration (tests/cache/test_sglang_plugin.py checks the module set in a
+fresh interpreter).  ``SGLANG_PLUGINS=hydra_eviction_policies`` loads only this
 plugin.
 """
 from __future__ import annotations

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List
 
+from .registry import run_registrars
+
 _REGISTRY: Dict[str, List[str]] = {
     "RADIX_EVICTION_POLICY": ["lru", "lfu", "slru", "priority", "tlru"],
     "DISAGG_TRANSFER_BACKEND": ["mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"],
@@ -24,7 +26,9 @@ def choices(name: str) -> List[str]:
     """The current list registered under ``name``.
 
     Names that the layers above add (``ghost_lru`` from the cache layer's policy registry)
-    are here once ``sglang_hydra.plugins`` has run, which importing the package does."""
+    are here once ``sglang_hydra.plugins`` has run, which the first read does (see
+    :func:`.registry.add_registrar`)."""
+    run_registrars()
     return _REGISTRY[name]
 
 
@@ -70,4 +74,5 @@ def set_engine_policy_support(builtin: Iterable[str], plugin: Iterable[str], plu
 def engine_policy_support() -> dict:
     """``{"builtin": names, "plugin": names, "plugin_name": entry-point name, "hooked": the
     plugin policies that run only in the plugin's hooked RadixCache}``."""
+    run_registrars()
     return dict(_ENGINE_POLICIES)

@@ -128,9 +128,10 @@ _NOT_WITH_HOOKED_CACHE = ("enable_hierarchical_cache", "enable_lmcache", "enable
                           "enable_unified_cache_external_linker", "enable_session_radix_cache")
 
 
-def eviction_policy_problems(record, python: Optional[str] = None) -> List[Problem]:
+def eviction_policy_problems(record, python: Optional[str] = None, *, plugin_provided: bool = False) -> List[Problem]:
     """The record's eviction policy as SGLang sees it: built in, ours through the engine plugin
-    (which ``python`` must have; issue 20), or one SGLang cannot run at all."""
+    (which ``python`` must have, unless the caller puts it on the server's path:
+    ``plugin_provided``; issue 20), or one SGLang cannot run at all."""
     from .choices import engine_policy_support
     name = getattr(record, "radix_eviction_policy", None)
     support = engine_policy_support()
@@ -146,6 +147,8 @@ def eviction_policy_problems(record, python: Optional[str] = None) -> List[Probl
                 return [Problem(key, flag, f"{name!r} runs in SGLang only in sglang-hydra's hooked RadixCache, which "
                                 f"SGLang does not use with {', '.join(flags)}; choose a built-in policy or drop "
                                 f"{'them' if len(flags) > 1 else 'it'}", "engine")]
+        if plugin_provided:
+            return []
         try:
             ok = subprocess.run([python, "-c", _PLUGIN_PROBE, support["plugin_name"]], capture_output=True,
                                 stdin=subprocess.DEVNULL, timeout=120).returncode == 0

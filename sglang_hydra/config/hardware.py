@@ -93,13 +93,17 @@ class Hardware:
         ge=0.0)
     pass_overhead_us: float = arg(
         0.0, "Fixed microseconds per forward pass beyond its kernels (scheduling, sampling).", ge=0.0)
+    request_path_us: float = arg(
+        0.0, "Fixed microseconds a request spends outside forward passes before its first token reaches "
+        "the client (HTTP, tokenizer manager, IPC to the scheduler and back); job=calibrate measures it "
+        "through the engine. Added to TTFT and E2E, not to TPOT.", ge=0.0)
     disagg_prefill_pass_scale: float = arg(
-        1.0, "Disaggregated deployments: every pass of a prefill server takes this many times its "
-        "aggregated time (the KV send, bootstrap and transfer polling a PD prefill server adds); "
-        "1.0: no overhead.", ge=1.0, le=3.0)
+        1.0, "What-if only: every pass of a PD prefill server takes this many times its aggregated "
+        "time.  1.0 in every preset: the PD cost (KV transfer, bootstrap, polling) is simulated once, "
+        "on the KV link; set it only from your own measurement of a PD server's passes.", ge=1.0, le=3.0)
     disagg_decode_pass_scale: float = arg(
-        1.0, "Disaggregated deployments: every pass of a decode server takes this many times its "
-        "aggregated time (KV arriving over the fabric, transfer polling); 1.0: no overhead.", ge=1.0, le=3.0)
+        1.0, "What-if only: every pass of a PD decode server takes this many times its aggregated "
+        "time.  1.0 in every preset (see disagg_prefill_pass_scale).", ge=1.0, le=3.0)
     tp_link: str = arg(
         "nvlink", "The link tensor-parallel all-reduces cross: nvlink (nvlink_gbps) or pcie (h2d_gbps).",
         choices=("nvlink", "pcie"))

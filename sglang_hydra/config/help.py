@@ -48,7 +48,8 @@ JOB_FIELD_HELP = {
              "12,031-request trace; sample: its first 1,000 requests). Unset: the sample.",
     "workload": "Replay a trace file, or generate synthetic multi-turn conversations.",
     "max_requests": "Replay only the first N requests.",
-    "mode": "metadata: hit/miss accounting only; full: move real KV bytes through the tiers.",
+    "mode": "device_only: the device tier only, HiCache off (formerly 'metadata'); sim: every tier, no bytes; "
+            "full: move real KV bytes through the tiers.",
     "policy": "Replay-only eviction policy (e.g. belady, fifo) instead of the record's.",
     "tail_threshold_tokens": "Requests with more uncached tokens than this count as the tail.",
     "on_bad_line": "A malformed trace line stops the replay (fail) or is skipped and counted (skip).",

@@ -21,7 +21,12 @@ GROUPS = tuple(NAMESPACES) + ("job", "hardware")
 
 @functools.lru_cache(maxsize=1)
 def conf_dir() -> Path:
-    """The ``conf/`` directory: shipped as package ``sglang_hydra.conf`` or beside the repo."""
+    """The ``conf/`` directory: beside the package's own source tree (a checkout: the presets that
+    go with this code, even when an editable install of another checkout maps ``sglang_hydra.conf``
+    elsewhere), else shipped as package ``sglang_hydra.conf``."""
+    here = Path(__file__).resolve().parents[2] / "conf"
+    if (here / "config.yaml").is_file():
+        return here
     try:
         import importlib.util
         spec = importlib.util.find_spec("sglang_hydra.conf")
@@ -31,9 +36,6 @@ def conf_dir() -> Path:
                     return Path(loc)
     except ImportError:
         pass
-    here = Path(__file__).resolve().parents[2] / "conf"
-    if (here / "config.yaml").is_file():
-        return here
     raise FileNotFoundError("cannot find the conf/ directory (config.yaml) of sglang-hydra")
 
 

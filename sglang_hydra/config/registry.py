@@ -7,6 +7,11 @@ disagg), yet it validates things those layers define: the settings of each job
 to know here, and config only reads these tables.  ``sglang_hydra.plugins`` does the
 registration for the built-in jobs and policies when the package is imported; choice
 lists (``memory.radix_eviction_policy`` ...) have their own hooks in :mod:`.choices`.
+
+Registration is deferred: importing ``sglang_hydra`` only hands :func:`add_registrar` the
+function that does it, and the first *read* of any registry here or in :mod:`.choices` runs it.
+So a process that imports one small module of the package (SGLang loading the engine plugin,
+``sglang_hydra.cache.sglang_plugin``) does not load the jobs, the cache or anything else.
 """
 from __future__ import annotations
 
@@ -14,6 +19,32 @@ import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+
+# ---------------------------------------------------------------------------- registrars
+_REGISTRARS: List[Callable[[], None]] = []
+_registering = False
+
+
+def add_registrar(fn: Callable[[], None]) -> None:
+    """Run ``fn`` (which fills these registries) before the first read of any of them."""
+    if fn not in _REGISTRARS:
+        _REGISTRARS.append(fn)
+
+
+def run_registrars() -> None:
+    """Run the registrars not run yet (each once; a registrar that reads a registry sees the
+    tables as they are so far instead of recursing)."""
+    global _registering
+    if _registering:
+        return
+    _registering = True
+    try:
+        while _REGISTRARS:
+            _REGISTRARS[0]()
+            _REGISTRARS.pop(0)
+    finally:
+        _registering = False
 
 
 # ---------------------------------------------------------------------------- job schemas
@@ -61,6 +92,7 @@ def register_job_schema(name: str, config_cls: type, choices: Optional[Mapping[s
 
 def job_schemas() -> Mapping[str, JobSchema]:
     """Every registered job by name (read-only)."""
+    run_registrars()
     return MappingProxyType(_JOB_SCHEMAS)
 
 
@@ -81,8 +113,9 @@ def register_policy_param_checker(checker: PolicyParamChecker) -> None:
 
 
 def policy_param_checkers() -> Tuple[PolicyParamChecker, ...]:
+    run_registrars()
     return tuple(_POLICY_PARAM_CHECKERS)
 
 
-__all__ = ["JobSchema", "register_job_schema", "job_schemas", "PolicyParamChecker",
+__all__ = ["add_registrar", "run_registrars", "JobSchema", "register_job_schema", "job_schemas", "PolicyParamChecker",
            "register_policy_param_checker", "policy_param_checkers"]

@@ -12,7 +12,7 @@ Layout of the package:
 * :mod:`.checksum`   Adler-32 over page ranges;
 * :mod:`.buffers`    ``KVBufferSource`` protocol, torch buffers, page allocator, memory adapter;
 * :mod:`.backends`   ``mooncake``, ``zmq``, ``fake`` (+ ``nixl`` when installed);
-* :mod:`.pd`         the two roles as workers (the two-process harness is ``jobs.pd_harness``).
+* :mod:`.workers`    the two roles as workers (the two-process harness is ``jobs.pd_pair_processes``).
 """
 from .addressing import build_entries, group_contiguous_runs, split_batches
 from .bootstrap import BootstrapError, BootstrapServer

@@ -15,6 +15,11 @@ model (:mod:`sglang_hydra.perf`), and fits with that model's own formulas
   none, the rate of a large matmul measured here; ``h2d_gbps`` / ``d2h_gbps``: pinned host
   <-> device copies; ``hbm_bandwidth_gbps``: a device-to-device copy.
 
+Without a GPU (or with ``job.via=engine``) the calibration runs through a real SGLang server
+instead (:mod:`.engine_calibration`): the server is launched as ``job=launch`` would, and its
+prefill and decode passes are what the model is fitted to, so ``hardware=local`` predicts the
+CPU server this machine runs.
+
 One GPU cannot time a tensor-parallel all-reduce, so the all-reduce factors, the links
 (``tp_link``, ``nvlink_gbps``, ``nic_gbps``) and ``pass_overhead_us`` are kept from the
 base preset (the source says so).  It then predicts, with the pass-time model and the new
@@ -239,6 +244,13 @@ def _field(hw, name):
 
 
 def run(record, job: dict, ctx: JobContext) -> Dict[str, Any]:
+    via = job.get("via")
+    if via is None:
+        import torch
+        via = "kernels" if torch.cuda.is_available() or job.get("device") == "cpu" else "engine"
+    if via == "engine":
+        from .engine_calibration import run_engine_calibration
+        return run_engine_calibration(record, job, ctx)
     device = job.get("device", "cuda")
     torch = _require_device(device)
     repeats = max(1, int(job.get("repeats", 5)))

@@ -10,6 +10,11 @@ A run that can no longer meet the SLA's TTFT percentile and holds a request that
 times the TTFT bound is stopped there (:class:`~sglang_hydra.workload.deployment.GiveUp`; status
 ``saturated``): simulating the rest of a growing backlog would only cost time.  A run that could
 still meet the SLA always runs to the end of the trace.
+
+Only infeasibility makes a ``rejected`` row: a trace request that no KV pool of the candidate can
+hold (:class:`~sglang_hydra.workload.deployment.RequestsDoNotFit`).  Any other error of the
+simulation (a setting it does not model, a bug) propagates, so the job exits 1 with its message
+instead of ranking a row of zeros.
 """
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ def evaluate(plan: Plan, requests: Sequence, sla: Sla, *, arrival: str = "spread
     soon as that is certainly not so (status ``outranked``: its figures are lower bounds)."""
     from ..workload.arrivals import arrival_times
     from ..workload.assemble import build_deployment
-    from ..workload.deployment import GiveUp, simulate
+    from ..workload.deployment import GiveUp, RequestsDoNotFit, simulate
     from ..workload.metrics import backlog_grows, nearest_rank, summarize_simulation
 
     n = len(requests)
@@ -60,7 +65,7 @@ def evaluate(plan: Plan, requests: Sequence, sla: Sla, *, arrival: str = "spread
     try:
         try:
             res = simulate(built.model, requests, arrival=arrival, time_scale=time_scale, give_up=give_up)
-        except ValueError:                                  # a request no pool of this deployment holds
+        except RequestsDoNotFit:                            # a request no pool of this deployment holds
             return _rejected(plan, n)
     finally:
         built.close()

@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..config.deploy import ROUTER_POLICIES, Deployment
 from ..config.errors import ConfigError, Problem
+from ..workload.metrics import SCHEMA_VERSION     # the outputs' schema, shared with job=replay's metrics.json
 from .context import JobContext, atomic_write
 from .deploy_eval import Plan, Sla, evaluate, meets, shortfall
 from .search_pool import base_rate, drive, rate_search  # noqa: F401  (rate_search: this job's API)
@@ -356,6 +357,7 @@ class _Search:
         self.lever_hicache, self.lever_chunks, self.rate = lever_hicache, list(lever_chunks), rate
         self.rows: Dict[Candidate, Dict[str, Any]] = {}
         self.in_flight: Dict[int, Any] = {}
+        self.queue: List[Candidate] = []               # the current stage's deployments not started yet
         self.stage = ""
         self.answers: Dict[str, _Answer] = {}
         self.full = 0
@@ -404,7 +406,7 @@ class _Search:
         self.stage = name
         self.progress.start(name, len(items))
         drive(self.pool, items, make_task, lambda c, m: self._record(c, m, name),
-              lambda c: self._skip(c, skip_why(c)), self.progress, self.in_flight)
+              lambda c: self._skip(c, skip_why(c)), self.progress, self.in_flight, self.queue)
         self.progress.end()
 
     # ---- stages
@@ -437,7 +439,7 @@ class _Search:
         self.progress.start(self.stage, len(cands))
         skipped: List[Candidate] = []
         drive(self.pool, sorted(cands, key=lambda c: (c.gpus, _order_key(c))), task, record,
-              skipped.append, self.progress, self.in_flight)
+              skipped.append, self.progress, self.in_flight, self.queue)
         self.later = {c: note(c) for c in skipped}      # a row once the other stages have not run them
         held = [self.rows[c]["gpus_used"] for c in cands if c in self.rows and self._holds(self.rows[c])]
         self.progress.end(f"the fewest GPUs that hold the SLA at {self.headroom:g}x the rate: "
@@ -459,7 +461,7 @@ class _Search:
             return out
         self.stage = "best service"
         self.progress.start(self.stage, len(full))
-        drive(self.pool, sorted(full, key=_order_key), task, record, lambda c: None, self.progress, self.in_flight)
+        drive(self.pool, sorted(full, key=_order_key), task, record, lambda c: None, self.progress, self.in_flight, self.queue)
         self.progress.end()
 
     def pick(self) -> None:
@@ -572,7 +574,7 @@ class _Search:
         self.stage = "break rates"
         self.progress.start(self.stage, len(by_cand))
         drive(self.pool, list(by_cand), lambda c: ("profile", self.engines.plan(c), self.headroom, self.tolerance),
-              record, lambda c: None, self.progress, self.in_flight)
+              record, lambda c: None, self.progress, self.in_flight, self.queue)
         self.progress.end()
 
 
@@ -748,14 +750,15 @@ def run(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
     best_runnable = best if best["runnable"] else next((r for r in passing if r["runnable"]), None)
     out_dir = ctx.out_dir()
     public = [_public(r) for r in rows]
-    summary = {"question": question, "headroom": headroom, "best": _best(best, best_runnable),
-               "answers": {q: {**_best(a.row, None), "levers": a.levers, "changed_by_lever": a.adopted}
+    summary = {"schema_version": SCHEMA_VERSION, "question": question, "headroom": headroom,
+               "best": output_row(_best(best, best_runnable)),
+               "answers": {q: {**output_row(_best(a.row, None)), "levers": a.levers, "changed_by_lever": a.adopted}
                            for q, a in answers.items()},
                "sla": {**dataclasses.asdict(sla), "headroom": headroom, "max_busy_share": search.max_busy},
                "rate_search": rate, "trace": trace_name, "requests": len(requests), "trace_rate_rps": base_rps,
                "total_gpus": total, "hardware": getattr(hardware, "name", None), "model": record.model_path,
-               "deployments": len(rows), "meeting_sla": len(passing),
-               "evaluated": sum(r["status"] != "skipped" for r in rows), "out_dir": str(out_dir), "rows": public}
+               "deployments_evaluated": sum(r["status"] != "skipped" for r in rows), "meeting_sla": len(passing),
+               "out_dir": str(out_dir), "deployments": [output_row(r) for r in public]}
     report = _report(search, question, rate, sla, total, base_rps, rows)
     _write_outputs(out_dir, public, summary, _public(best), _public(best_runnable) if best_runnable else None, record,
                    hardware, total, rate, sla, trace_name, report,
@@ -871,7 +874,11 @@ def _write_interrupted(out_dir, search, fit, rate, sla, total, trace_name, n_req
     running = set(search.in_flight.values())
     extra = []
     known = set(fit)
-    for c in list(fit) + [c for c in running if c not in known]:     # lever variants too
+    waiting = set(search.queue)
+    for c in list(fit) + [c for c in list(running) + search.queue if c not in known]:     # lever variants too
+        if c in waiting and c not in running and c not in search.rows:
+            extra.append((c.mode, c.layout, c.gpus, "not started", f"waiting in stage {search.stage!r}"))
+            continue
         if c in running:
             extra.append((c.mode, c.layout, c.gpus, "interrupted", f"running in stage {search.stage!r} when stopped"))
         elif c not in search.rows:
@@ -881,8 +888,9 @@ def _write_interrupted(out_dir, search, fit, rate, sla, total, trace_name, n_req
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(out_dir / "summary.csv", _csv(public))
     atomic_write(out_dir / "deploy_search.json", json.dumps(
-        {"interrupted": True, "stage": search.stage, "deployments": len(fit), "finished": len(rows),
-         "trace": trace_name, "requests": n_requests, "total_gpus": total, "rows": public}, indent=2, default=str))
+        {"schema_version": SCHEMA_VERSION, "interrupted": True, "stage": search.stage, "deployments_listed": len(fit),
+         "deployments_evaluated": len(rows), "trace": trace_name, "requests": n_requests, "total_gpus": total,
+         "deployments": [output_row(r) for r in public]}, indent=2, default=str))
     _write_failed(out_dir, rows, extra)
     print(f"sglang-hydra: deploy_search interrupted in stage {search.stage!r}: {len(rows)} finished rows in "
           f"{out_dir}/summary.csv; {len(extra)} deployments in failed.csv", file=sys.stderr)
@@ -1017,7 +1025,40 @@ def _table(rows: List[Dict[str, Any]], rate: bool, sla: Sla, total_rows: int, he
     return f"{head}\n{text}{foot}"
 
 
+#: the searched layout's keys as the outputs name them (docs/outputs.md): an aggregated row has
+#: ``workers`` x ``tp``; a disaggregated one names each side (the rows' own ``workers``/``tp`` are
+#: the prefill side there); the other mode's keys are null
+_LAYOUT_KEYS = ("workers", "tp", "prefill_workers", "prefill_tp", "decode_workers", "decode_tp")
+#: internal ranking figures that are not outputs (``closest``: how far from the SLA, floored at 10
+#: for a point that is not ok, only to name the nearest miss when none meets the SLA)
+_INTERNAL_KEYS = ("closest",)
+#: row keys named as job=replay's metrics.json names the same quantity (one name per quantity)
+_OUTPUT_NAMES = {"policy": "eviction_policy", "goodput_share": "sla_met_share", "requests": "requests_total"}
+
+
+def output_row(row: Dict[str, Any]) -> Dict[str, Any]:
+    """One deployment as ``summary.csv`` and ``deploy_search.json`` write it: side-explicit layout
+    keys, in a fixed place after ``gpus``, each quantity under job=replay's name for it
+    (``eviction_policy``, ``sla_met_share``, ``requests_total``), and no internal figure."""
+    agg = row.get("mode") == "agg"
+    layout = {"workers": row.get("workers") if agg else None, "tp": row.get("tp") if agg else None,
+              "prefill_workers": None if agg else row.get("workers"), "prefill_tp": None if agg else row.get("tp"),
+              "decode_workers": None if agg else row.get("decode_workers"),
+              "decode_tp": None if agg else row.get("decode_tp")}
+    out: Dict[str, Any] = {}
+    for k, v in row.items():
+        if k in _LAYOUT_KEYS or k in _INTERNAL_KEYS:
+            continue
+        out[_OUTPUT_NAMES.get(k, k)] = v
+        if k in ("gpus", "gpus_used"):
+            out.update(layout)
+    if "gpus" not in row and "gpus_used" not in row:
+        out.update(layout)
+    return out
+
+
 def _csv(rows: List[Dict[str, Any]]) -> str:
+    rows = [output_row(r) for r in rows]
     keys: List[str] = []
     for r in rows:
         for k in r:

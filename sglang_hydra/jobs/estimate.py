@@ -63,7 +63,7 @@ def estimate(record, hardware, job: dict) -> Tuple[Dict[str, Any], Dict[str, Any
     from ..memory.plan import make_plan
     from ..perf import PassModel, PassModelError
     from ..perf.static_batch import static_batch
-    from ..workload.ttft import default_chunk_tokens
+    from ..workload.assemble import default_chunk_tokens
 
     from .single_engine import data_parallel_problems
 

@@ -3,9 +3,10 @@
 The record (``deploy=single``: ``deploy.workers`` servers of ``parallel.dp_size`` engines) or the
 two records of ``deploy=pd`` become a :class:`~sglang_hydra.workload.deployment.DeploymentModel`;
 :func:`~sglang_hydra.workload.deployment.simulate` replays the trace through it; the job writes
-``replay.json`` and ``metrics.json`` (the same nested document, ``schema_version`` 2: groups of
-unit-suffixed leaves, every leaf name unique, so ``flatten_metrics`` gives one flat row) and returns
-``job.objective`` (a leaf name) as a float for Hydra's sweepers.
+``metrics.json`` (one nested document, ``schema_version`` 3: groups of unit-suffixed leaves, every
+leaf name unique and every quantity under one name, so ``flatten_metrics`` gives one flat row;
+``docs/outputs.md`` documents each leaf) and returns ``job.objective`` (a leaf name) as a float for
+Hydra's sweepers.
 
 Requests longer than the context (``model.context_length``, else ``max_position_embeddings``) are
 rejected as SGLang rejects them, or truncated with ``model.allow_auto_truncate`` (serving flag);
@@ -20,11 +21,14 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..config.errors import ConfigError, Problem
+from ..utils.numbers import fmt_gb
 from .context import JobContext
 from .sweeps import objective_direction
 
 GiB = 1024 ** 3
 GB = 1e9
+#: the one metrics file of a run (schema 3 dropped replay.json, which was a byte-identical copy)
+METRICS_FILE = "metrics.json"
 
 _TRACE_CACHE: Dict[tuple, Any] = {}
 #: objectives that need timed passes (all but the cache and memory ones)
@@ -34,6 +38,8 @@ MODELLED_DEPLOY_KEYS = ("workers", "prefill_workers", "decode_workers", "router_
 #: job.* keys that change the simulation's answer
 MODELLED_JOB_KEYS = ("trace", "workload", "max_requests", "mode", "policy", "time_scale", "arrival", "seed",
                      "sla", "sla.ttft_ms", "sla.tpot_ms", "cache_semantics", "conversations", "turns")
+#: the reason of a given setting the simulation does not read at all
+NOT_MODELLED_WHY = "not modelled, the answer does not depend on it"
 #: what no setting changes because the simulation does not model it
 NOT_MODELLED_ALWAYS = [
     "speculative decoding, LoRA adapters, multimodal inputs and structured output (their settings change nothing here)",
@@ -77,12 +83,22 @@ def load_requests(job: dict):
         raise ConfigError([Problem("job.trace", None, f"no such trace file: {exc.filename}", "trace")]) from None
 
 
+#: former names of job.mode values -> their names now
+RENAMED_MODES = {"metadata": "device_only"}
+
+
 def replay_mode(record, job: dict) -> str:
-    """``job.mode`` as given; unset: ``sim`` when the record enables HiCache, else ``metadata``."""
+    """``job.mode`` as given; unset: ``sim`` when the record enables HiCache, else ``device_only``
+    (the device tier only, HiCache off).  ``metadata``, its former name, still works, with a note."""
     mode = job.get("mode")
+    if mode in RENAMED_MODES:
+        new = RENAMED_MODES[mode]
+        print(f"sglang-hydra: note: job.mode={mode} is now job.mode={new} (the device tier only, HiCache off); "
+              "the old name still works", file=sys.stderr)
+        return new
     if mode:
         return mode
-    return "sim" if getattr(record, "enable_hierarchical_cache", False) else "metadata"
+    return "sim" if getattr(record, "enable_hierarchical_cache", False) else "device_only"
 
 
 def _trace_name(job: dict) -> str:
@@ -95,10 +111,31 @@ def _trace_name(job: dict) -> str:
 
 
 def _flat_overrides(ctx: JobContext) -> Dict[str, str]:
-    out = {}
-    for ov in ctx.overrides or ():
-        k, _, v = str(ov).partition("=")
-        out[k.lstrip("+~")] = v
+    """The run's overrides as ``{key: value}``, each value as written (no quotes inside)."""
+    from .override_values import plain_overrides
+    return plain_overrides(ctx.overrides or ())
+
+
+#: why a page size below the trace's block cannot change hits, and what it still changes
+PAGE_BELOW_BLOCK_WHY = ("below the trace's {block}-token block: the trace only says which {block}-token blocks "
+                        "repeat, so every hit is whole blocks whatever the page size; it changes only the rounding "
+                        "of the pools and of each prompt's last partial block to whole pages")
+
+
+def page_size_notes(overrides: Dict[str, str], block_size: int) -> List[str]:
+    """``key=value: why`` for each given page size that divides the trace's block and is smaller:
+    the hits cannot differ from a page of the block's size (issue 27: a sweep over
+    ``schedule.page_size=1,64`` gave identical rows without a word)."""
+    out = []
+    for key, value in overrides.items():
+        if key.split(".")[-1].replace("-", "_").lstrip("_") != "page_size":
+            continue
+        try:
+            ps = int(value)
+        except (TypeError, ValueError):
+            continue
+        if 0 < ps < block_size and block_size % ps == 0:
+            out.append(f"{key}={value}: {PAGE_BELOW_BLOCK_WHY.format(block=block_size)}")
     return out
 
 
@@ -195,7 +232,7 @@ def not_modelled(overrides: Dict[str, str], job: dict, disagg: bool = False) -> 
         if head == "job":
             if len(parts) > 1 and ".".join(parts[1:]) not in MODELLED_JOB_KEYS + (
                     "objective", "format", "progress", "on_bad_line", "max_host_memory_gb", "tail_threshold_tokens",
-                    "name"):
+                    "name", "per_request"):
                 out.append(f"{key}={value}")
             continue
         if head == "deploy":
@@ -215,14 +252,16 @@ def not_modelled(overrides: Dict[str, str], job: dict, disagg: bool = False) -> 
 
 # --------------------------------------------------------------------------- the job
 def run(target, job: dict, ctx: JobContext) -> float:
-    """The job: :func:`evaluate`, then ``replay.json`` / ``metrics.json``, the terminal, the exit."""
-    doc = evaluate(target, job, ctx)
-    text = json.dumps(doc, indent=2, default=str)
-    ctx.write_text("replay.json", text)
-    ctx.write_text("metrics.json", text)
+    """The job: :func:`evaluate`, then ``metrics.json`` (and ``requests.jsonl`` with
+    ``job.per_request``), the terminal, the exit."""
+    doc, rows = evaluate_requests(target, job, ctx)
+    if job.get("per_request"):
+        from ..workload.request_record import write_jsonl
+        ctx.write_text("requests.jsonl", write_jsonl(rows))
+    ctx.write_text(METRICS_FILE, json.dumps(doc, indent=2, default=str))
     _print(doc, job, ctx)
     status, reason = doc["status"], doc["status_reason"]
-    value = doc["objective"]["objective_value"]
+    value = objective_value(doc)
     if status == "infeasible" and not ctx.multirun:
         raise ConfigError([Problem("job.max_host_memory_gb", None, reason, "constraint")])
     if status != "ok" and not ctx.multirun and job.get("format") != "json":
@@ -231,7 +270,13 @@ def run(target, job: dict, ctx: JobContext) -> float:
 
 
 def evaluate(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
-    """The metrics document (schema 2) of one deployment point, nothing written or printed.
+    """The metrics document of one deployment point (:func:`evaluate_requests` without the
+    per-request records)."""
+    return evaluate_requests(target, job, ctx)[0]
+
+
+def evaluate_requests(target, job: dict, ctx: JobContext) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """The metrics document (``schema_version``: :data:`~sglang_hydra.workload.metrics.SCHEMA_VERSION`) of one deployment point, nothing written or printed.
 
     ``target``: a resolved record (``deploy=single``) or anything with ``servers`` holding a
     ``prefill`` and a ``decode`` server (``deploy=pd``); ``job``: the replay job's settings
@@ -336,13 +381,13 @@ def evaluate(target, job: dict, ctx: JobContext) -> Dict[str, Any]:
     if full is not None:
         doc["full_mode"] = full
     status, reason = _status(doc, job)
-    value = flat_value(doc, objective)
     doc["status"], doc["status_reason"] = status, reason
-    doc["objective"] = {"objective": objective, "objective_direction": direction,
-                        "objective_value": float(value) if value is not None else float("nan")}
+    # the objective's value is its own leaf (``ttft_p90_ms``): named here, not copied
+    doc["objective"] = {"objective": objective, "objective_direction": direction}
     from ..workload.metrics import flatten_metrics
     flatten_metrics(doc)        # the leaf names stay unique (raises otherwise: a bug, not an input)
-    return _ordered(doc, SCHEMA_VERSION)
+    from ..workload.request_record import predicted_requests
+    return _ordered(doc, SCHEMA_VERSION), predicted_requests(result)
 
 
 def _problem_from(message: str) -> Problem:
@@ -363,6 +408,12 @@ def flat_value(doc: dict, name: str):
     from ..workload.metrics import flatten_metrics
     v = flatten_metrics({k: v for k, v in doc.items() if k != "objective"}).get(name)
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def objective_value(doc: dict) -> float:
+    """The value of the document's objective (the leaf ``objective`` names); NaN without one."""
+    v = flat_value(doc, doc["objective"]["objective"])
+    return float(v) if v is not None else float("nan")
 
 
 def _ordered(doc: dict, version: int) -> dict:
@@ -386,7 +437,7 @@ def _status(doc: dict, job: dict) -> Tuple[str, str]:
     budget = job.get("max_host_memory_gb")
     host = doc["memory"]["host_memory_gb"]
     if budget is not None and host > float(budget):
-        return "infeasible", f"host memory {host:.3g} GB exceeds job.max_host_memory_gb={float(budget):g}"
+        return "infeasible", f"host memory {fmt_gb(host)} exceeds job.max_host_memory_gb={float(budget):g}"
     early, late = load["ttft_mean_first_quarter_ms"], load["ttft_mean_last_quarter_ms"]
     span = doc["simulation"]["arrival_span_s"]
     drain = load["drain_after_last_arrival_s"]
@@ -418,11 +469,10 @@ def _document(*, record, target_disagg, built, groups, job, ctx, mode, arrival, 
     from ..workload.assemble import MODELLED_FIELDS  # noqa: F401  (documents where the list lives)
     model = built.model
     sides = built.sides
+    # one aggregated server has no router in front of it: no policy to name, nothing routed
+    routed = model.mode != "agg" or sides["agg"]["servers"] > 1
     dep: Dict[str, Any] = {
-        # sglang-router sits in front of a PD pair and of several servers; one server has none
-        "deploy_mode": model.mode, "gpus": model.gpus,
-        "router_policy": model.router_policy if model.mode == "disagg" or any(g.servers > 1 for g in
-                                                                              model.groups.values()) else None,
+        "deploy_mode": model.mode, "gpus": model.gpus, "router_policy": model.router_policy if routed else None,
         "model_path": getattr(record, "model_path", None),
         "hardware_name": getattr(hardware, "name", None), "trace_name": _trace_name(job),
         "cache_mode": mode, "arrival": arrival, "time_scale": time_scale, "seed": int(job.get("seed", 0) or 0),
@@ -460,7 +510,7 @@ def _document(*, record, target_disagg, built, groups, job, ctx, mode, arrival, 
         dep["transfer_backend"] = model.transfer_backend
         media = sorted({lk.medium for lk in result.links.values()})
         dep["transfer_link"] = "+".join(media) if media else None
-    mem.update({"host_memory_bytes": int(host_bytes), "host_memory_gb": host_bytes / GB,
+    mem.update({"host_memory_gb": host_bytes / GB,
                 "host_memory_gb_per_gpu": host_bytes / GB / model.gpus if model.gpus else 0.0,
                 "host_memory_sized_by": "; ".join(host_why) or "HiCache off: no host KV tier"})
     reqs = result.requests
@@ -470,7 +520,7 @@ def _document(*, record, target_disagg, built, groups, job, ctx, mode, arrival, 
                   "cache_semantics": job.get("cache_semantics") or "rules"}
     if skipped:
         simulation["skipped_lines"] = skipped
-    if "front" in result.routers and dep["router_policy"] == "cache_aware":
+    if routed and "front" in result.routers and model.router_policy == "cache_aware":
         rt = result.routers["front"]
         groups["load"].update(router_cache_routed=rt.cache_routed, router_balance_routed=rt.balance_routed)
     overrides = _flat_overrides(ctx)
@@ -479,7 +529,9 @@ def _document(*, record, target_disagg, built, groups, job, ctx, mode, arrival, 
     doc.update(groups)
     doc["memory"] = mem
     doc["simulation"] = simulation
-    doc["not_modelled"] = [f"{x}: not modelled, the answer does not depend on it" for x in ignored] + NOT_MODELLED_ALWAYS
+    doc["not_modelled"] = ([f"{x}: {NOT_MODELLED_WHY}" for x in ignored]
+                           + page_size_notes(overrides, int(getattr(model, "block_size", 0) or 512))
+                           + NOT_MODELLED_ALWAYS)
     doc["assumptions"] = assumptions()
     return doc
 
@@ -526,9 +578,9 @@ def _print(doc: Dict[str, Any], job: dict, ctx: JobContext) -> None:
                  "tokens_per_s_per_gpu": f"{thr['tokens_per_s_per_gpu']:.1f}",
                  "token_hit_rate": f"{cache['token_hit_rate']:.4f}"}
         shown.pop(obj["objective"], None)
-        print(f"{obj['objective']}={obj['objective_value']:.6g} " + " ".join(f"{k}={v}" for k, v in shown.items())
+        print(f"{obj['objective']}={objective_value(doc):.6g} " + " ".join(f"{k}={v}" for k, v in shown.items())
               + f" status={doc['status']}{rej}")
-        for line in doc["not_modelled"][:len(doc["not_modelled"]) - len(NOT_MODELLED_ALWAYS)]:
+        for line in _warnings(doc):
             print(f"warning: {line}", file=sys.stderr)
         if doc["status"] in ("saturated", "rejected"):
             print(f"warning: {doc['status_reason']}", file=sys.stderr)
@@ -561,13 +613,20 @@ def _print(doc: Dict[str, Any], job: dict, ctx: JobContext) -> None:
          f"{100 * cache['token_hit_rate']:.2f} % ({100 * cache['device_hit_rate']:.1f} / "
          f"{100 * cache['host_hit_rate']:.1f} / {100 * cache['storage_hit_rate']:.1f})"),
         ("engine busy", f"{100 * doc['load']['engine_busy_share']:.1f} %"),
-        ("host KV memory", f"{doc['memory']['host_memory_gb']:.3g} GB"),
-        (f"objective {obj['objective']}", f"{obj['objective_value']:.6g} ({obj['objective_direction']})"),
+        ("host KV memory", fmt_gb(doc["memory"]["host_memory_gb"])),
+        (f"objective {obj['objective']}", f"{objective_value(doc):.6g} ({obj['objective_direction']})"),
         ("status", doc["status"]),
     ]
     for k, v in rows:
         t.add_row(k, v)
     Console(width=140).print(t)
-    for line in doc["not_modelled"][:len(doc["not_modelled"]) - len(NOT_MODELLED_ALWAYS)]:
+    for line in _warnings(doc):
         print(f"warning: {line}", file=sys.stderr)
-    print(f"wrote {ctx.out_dir() / 'replay.json'}")
+    print(f"wrote {ctx.out_dir() / METRICS_FILE}")
+
+
+def _warnings(doc: dict) -> List[str]:
+    """The given settings the answer does not depend on.  A page size below the trace's block is
+    listed in ``not_modelled`` but not warned about here: its pool rounding can still change the
+    figures, so only a sweep whose rows come out identical says so (the sweep summary)."""
+    return [x for x in doc["not_modelled"] if x.endswith(NOT_MODELLED_WHY)]

@@ -283,11 +283,14 @@ class Progress:
 
 def drive(pool: SearchPool, items: Iterable[Any], make_task: Callable[[Any], Optional[Tuple]],
           on_result: Callable[[Any, Dict[str, Any]], str], on_skip: Callable[[Any], None],
-          progress: Progress, in_flight: Dict[int, Any]) -> None:
+          progress: Progress, in_flight: Dict[int, Any], queue: Optional[List[Any]] = None) -> None:
     """Submit ``items`` in order, at most ``pool.slots`` at a time; ``make_task`` is asked at
     submit time (it sees every result so far) and returns None to skip the item.  ``in_flight``
-    holds what runs (for the failure report of an interrupted search)."""
-    queue = list(items)
+    holds what runs and ``queue`` what has not started (for the failure report of an
+    interrupted search)."""
+    if queue is None:
+        queue = []
+    queue[:] = list(items)
     while queue or in_flight:
         while queue and pool.free > 0:
             item = queue.pop(0)

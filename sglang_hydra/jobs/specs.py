@@ -51,7 +51,8 @@ class ReplayJob:
     trace: Optional[str] = None          # Mooncake JSONL; unset: the bundled sample
     workload: str = "trace"              # trace | synthetic
     max_requests: Optional[int] = None
-    mode: Optional[str] = None           # metadata | sim | full; unset: sim with HiCache, else metadata
+    mode: Optional[str] = None           # device_only | sim | full; unset: sim with HiCache, else device_only
+                                         # (metadata: the old name of device_only, still accepted)
     policy: Optional[str] = None         # replay-only policies (belady, fifo) override the record's
     arrival: str = "spread"              # spread | as_is | poisson (docs/whatif.md)
     sla: SlaSettings = field(default_factory=SlaSettings)
@@ -66,6 +67,7 @@ class ReplayJob:
     seed: int = 0                        # arrival spreading, routers' random choices, synthetic workload
     conversations: int = 200
     turns: int = 6
+    per_request: bool = False            # also write requests.jsonl: one predicted line per request
 
 
 @dataclass
@@ -112,9 +114,55 @@ class CalibrateJob:
     """Measure prefill efficiency and host<->device bandwidth on this GPU; write a hardware preset."""
 
     name: str = "calibrate"
-    device: str = "cuda"                 # cuda | cpu (cpu: a rehearsal with tiny shapes, not a calibration)
+    via: Optional[str] = None            # kernels | engine; unset: kernels on a GPU, the real engine without one
+    device: str = "cuda"                 # kernels: cuda | cpu (cpu: a rehearsal with tiny shapes, not a calibration)
+    python: Optional[str] = None         # engine: the interpreter that has SGLang (as job=launch)
+    health_timeout: float = 600.0        # engine: seconds for the server to answer /health
+    stop_timeout: float = 30.0
     preset_name: Optional[str] = None    # name of the written preset (default: calibrated_<gpu>)
     repeats: int = 5
+    format: str = "table"                # table | json
+
+
+@dataclass
+class ValidateTolerances:
+    """How close a prediction must be to the engine (job.tolerance.*; null: not checked)."""
+
+    cached_token_mismatches: Optional[int] = None   # requests whose cached tokens may differ
+    hit_rate_points: Optional[float] = 1.0          # token hit rate, percentage points
+    ttft_p50: Optional[float] = 0.25                # relative error of the run's TTFT P50
+    ttft_p90: Optional[float] = 0.25
+    tpot_p50: Optional[float] = 0.25
+    worker_share_points: Optional[float] = 5.0      # each worker's share of the requests, points
+    saturation: bool = True                         # predicted saturated iff measured saturated
+
+
+@dataclass
+class ValidateJob:
+    """Launch the deployment, serve a trace through a real client, predict it, compare per request."""
+
+    name: str = "validate"
+    trace: Optional[str] = None          # Mooncake JSONL; unset: the bundled sample
+    workload: str = "trace"              # trace | synthetic
+    conversations: int = 40              # synthetic workload
+    turns: int = 4
+    seed: int = 0                        # rate pacing, synthetic workload
+    on_bad_line: str = "fail"
+    block_size: int = 512                # tokens per hash id of the trace
+    max_requests: int = 100
+    max_input_tokens: Optional[int] = 8192     # longer prompts are left out (a CPU engine is slow)
+    max_output_tokens: Optional[int] = 16      # outputs capped at this
+    pacing: str = "sequential"           # sequential | trace | rate
+    rate: Optional[float] = None         # requests/s for pacing=rate (Poisson)
+    time_scale: float = 1.0              # pacing=trace: arrival times x this
+    calibrate: bool = False              # fit this machine's pass-time model on the launched engine first
+    url: Optional[str] = None            # validate a running deployment at this URL instead of launching
+    python: Optional[str] = None         # the interpreter that has SGLang (as job=launch)
+    router_python: Optional[str] = None
+    health_timeout: float = 600.0
+    stop_timeout: float = 30.0
+    request_timeout: float = 600.0
+    tolerance: ValidateTolerances = field(default_factory=ValidateTolerances)
     format: str = "table"                # table | json
 
 
@@ -205,20 +253,23 @@ class JobSpec:
 JOB_SPECS: Dict[str, JobSpec] = {
     "resolve": JobSpec(ResolveJob, "sglang_hydra.jobs.resolve:run", {"format": ("yaml", "json", "argv"),
                                                                       "check": ("none", "engine")}),
-    "setup": JobSpec(SetupJob, "sglang_hydra.jobs.setup:run", {"format": ("table", "json")}),
+    "setup": JobSpec(SetupJob, "sglang_hydra.jobs.allocate:run", {"format": ("table", "json")}),
     "replay": JobSpec(ReplayJob, "sglang_hydra.jobs.replay:run", {
         "format": ("table", "json"), "on_bad_line": ("fail", "skip"), "workload": ("trace", "synthetic"),
-        "mode": (None, "metadata", "sim", "full"), "objective": tuple(OBJECTIVES),
+        "mode": (None, "device_only", "sim", "full", "metadata"), "objective": tuple(OBJECTIVES),
         "arrival": ("spread", "as_is", "poisson"), "cache_semantics": ("rules", "sglang")}),
     "calibrate": JobSpec(CalibrateJob, "sglang_hydra.jobs.calibrate:run", {
-        "device": ("cuda", "cpu"), "format": ("table", "json")}),
-    "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd:run_side"),
-    "pd_pair": JobSpec(PdPairJob, "sglang_hydra.jobs.pd:run_pair", {"format": ("table", "json")}),
+        "device": ("cuda", "cpu"), "format": ("table", "json"), "via": ("kernels", "engine")}),
+    "pd": JobSpec(PdJob, "sglang_hydra.jobs.pd_transfer:run_side"),
+    "pd_pair": JobSpec(PdPairJob, "sglang_hydra.jobs.pd_transfer:run_pair", {"format": ("table", "json")}),
     "launch": JobSpec(LaunchJob, "sglang_hydra.jobs.launch:run"),
     "plan": JobSpec(PlanJob, "sglang_hydra.jobs.plan:run", {"format": ("table", "json")}),
     "deploy_search": JobSpec(DeploySearchJob, "sglang_hydra.jobs.deploy_search:run", {
         "format": ("table", "json"), "arrival": ("spread", "as_is", "poisson")}),
     "estimate": JobSpec(EstimateJob, "sglang_hydra.jobs.estimate:run", {"format": ("table", "json")}),
+    "validate": JobSpec(ValidateJob, "sglang_hydra.jobs.validate:run", {
+        "format": ("table", "json"), "pacing": ("sequential", "trace", "rate"), "workload": ("trace", "synthetic"),
+        "on_bad_line": ("fail", "skip")}),
 }
 
 

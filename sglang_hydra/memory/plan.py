@@ -63,6 +63,8 @@ class MemoryPlan:
     host_ratio: Optional[float] = None
     host_budget_bytes: Optional[int] = None
     host_budget_reason: str = ""
+    #: ranks that share the node's host memory: this server's ranks, or every GPU of a target node
+    host_budget_ranks: int = 1
     host_memory: Optional[Dict[str, Any]] = None
     pin_memory: bool = False
     io_backend: Optional[str] = None            # as resolved in the record
@@ -84,6 +86,14 @@ class MemoryPlan:
     @property
     def total_bytes(self) -> int:
         return self.device_bytes + self.host_bytes
+
+    def _budget_text(self) -> str:
+        """How the per-rank host budget was divided: the node's RAM less the reserve, over the ranks
+        that share it (every GPU of a target node runs one)."""
+        ram = (self.host_memory or {}).get("available")
+        ram_text = f"{ram / GB:,.0f} GB" if ram else "host RAM"
+        n = self.host_budget_ranks
+        return f"{ram_text} less the 10 GiB reserve, over the {n} rank{'s' if n != 1 else ''} sharing it"
 
     def render(self) -> str:
         """A human-readable summary (what ``job=setup`` prints)."""
@@ -113,7 +123,7 @@ class MemoryPlan:
                 f"  host{purpose} [{self.host_layout}] {self.host_tokens:,} tokens = {self.host_pages:,} pages, "
                 f"{self.host_bytes / GiB:.3f} GiB{' pinned (exact size)' if self.pin_memory else ''}; "
                 f"sized by {self.host_budget_reason}"
-                + (f"; host budget {self.host_budget_bytes / GB:,.1f} GB/rank after the 10 GiB reserve"
+                + (f"; host budget {self.host_budget_bytes / GB:,.1f} GB/rank ({self._budget_text()})"
                    if self.host_budget_bytes is not None else ""))
             io = self.io_backend_effective
             if io != self.io_backend:
@@ -445,7 +455,18 @@ def make_plan(record: Any, device: Optional[str] = None, *, hardware: Any = None
     if host_tokens <= tokens and hicache:
         notes.append("host pool is not larger than the device pool; the host tier adds little")
     plan.host_tokens, plan.host_pages, plan.host_bytes = host_tokens, host_pages, requested
-    plan.host_budget_bytes, plan.host_budget_reason = budget, why
+    # the figure reported per rank: on a target node every GPU runs a rank, and they all share its RAM
+    # (SGLang itself checks one server's ranks only, which is what sizing above checked)
+    sharing = ranks
+    if is_target and hw is not None and int(getattr(hw, "gpus_per_node", 0) or 0) > ranks:
+        sharing = int(hw.gpus_per_node)
+    if budget is not None and sharing != ranks:
+        budget = hostmem.host_memory_budget_bytes(info, ranks=sharing)
+        if requested > budget:
+            notes.append(f"the host pool ({requested / GB:,.1f} GB) is over one rank's share of the node "
+                         f"({budget / GB:,.1f} GB when {sharing} ranks share it): it fits only with fewer servers "
+                         "on the node")
+    plan.host_budget_bytes, plan.host_budget_reason, plan.host_budget_ranks = budget, why, sharing
     for name, shape in geo.host_shapes(layout, host_tokens).items():
         n = 1
         for s in shape:

@@ -25,7 +25,7 @@ from .transfer import TRANSFER_BACKENDS
 __all__ = ["CACHE_MODES", "TIER_COUNT_KEYS", "DeploymentInputs", "build_deployment", "default_chunk_tokens", "MODELLED_FIELDS",
            "context_limit", "default_max_running"]
 
-CACHE_MODES = ("metadata", "sim", "full")
+CACHE_MODES = ("device_only", "sim", "full")
 #: the per-tier page counts the counting and the real-bytes movers must agree on
 TIER_COUNT_KEYS = (
     "device_hit_pages", "host_hit_pages", "storage_hit_pages", "miss_pages",
@@ -166,7 +166,7 @@ def _cache_factory(record, hardware, *, mode: str, pool_tokens: int, host_tokens
     pol_name = policy or _get(record, "radix_eviction_policy") or "lru"
     pol_cfg = policy_config if policy else _get(record, "radix_eviction_policy_config")
     get_policy_info(pol_name)
-    hierarchical = bool(_get(record, "enable_hierarchical_cache", False)) and mode != "metadata"
+    hierarchical = bool(_get(record, "enable_hierarchical_cache", False)) and mode != "device_only"
     backend = _get(record, "hicache_storage_backend") if hierarchical else None
     geo = kv_geometry(record)
     device_pages = pool_tokens // ps
@@ -235,7 +235,7 @@ def _side(record, hardware, *, role: str, servers: int, inp: DeploymentInputs, b
 
     pm = _pass_model(record, hardware)
     if role in ("prefill", "decode"):
-        # a PD server's passes carry its KV traffic and transfer polling (hardware preset's figure)
+        # a what-if scale only (1.0 in every preset): the PD cost itself is the simulated KV transfer
         pm = pm.scaled(float(_get(hardware, f"disagg_{role}_pass_scale", 1.0) or 1.0))
     plan = _plan(record, hardware)
     tp = int(_get(record, "tp_size", 1) or 1)
@@ -312,7 +312,8 @@ def build_deployment(inp: DeploymentInputs) -> BuiltDeployment:
         if inp.cache_mode == "full" and (group.servers * group.dp) > 1:
             raise ValueError("job.mode=full allocates real pools on this machine and runs one engine; "
                              "use parallel.dp_size=1 and deploy.workers=1 (or job.mode=sim)")
-        built.model = DeploymentModel("agg", {"agg": group}, router_policy=policy, gpus_per_node=gpn)
+        built.model = DeploymentModel("agg", {"agg": group}, router_policy=policy, gpus_per_node=gpn,
+                                      request_path_s=float(_get(hw, "request_path_us") or 0.0) * 1e-6)
         return built
     if inp.cache_mode == "full":
         raise ValueError("job.mode=full runs one aggregated engine; use job.mode=sim for deploy=pd")
@@ -329,5 +330,5 @@ def build_deployment(inp: DeploymentInputs) -> BuiltDeployment:
                          "of deploy=pd needs the NIC bandwidth per GPU (GB/s)")
     built.model = DeploymentModel("disagg", {"prefill": pre, "decode": dec}, router_policy=policy,
                                   transfer_backend=backend, nvlink_gbps=float(nvl or 0), nic_gbps=float(nic),
-                                  gpus_per_node=gpn)
+                                  gpus_per_node=gpn, request_path_s=float(_get(hw, "request_path_us") or 0.0) * 1e-6)
     return built

@@ -71,6 +71,7 @@ class DeploymentModel:
     nic_gbps: float = 0.0
     gpus_per_node: int = 8
     block_size: int = 512
+    request_path_s: float = 0.0                 # client <-> scheduler, before the first token (hardware.request_path_us)
 
     @property
     def gpus(self) -> int:
@@ -123,6 +124,11 @@ def _build_side(group: ServerGroup, rng: random.Random, first_gpu: int):
     return servers, engines, gpu
 
 
+class RequestsDoNotFit(ValueError):
+    """A request longer than the smallest KV pool of the deployment: the deployment cannot serve the
+    trace (infeasible, not a bug; ``job=deploy_search`` reports it as a rejected candidate)."""
+
+
 def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spread", time_scale: float = 1.0,
              seed: int = 0, progress: bool = False, give_up: Optional[GiveUp] = None) -> SimResult:
     """Run ``requests`` (trace :class:`~.trace.Request` objects, already checked against the
@@ -135,7 +141,7 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
     smallest = min(g.spec.pool_tokens for g in model.groups.values())
     too_long = sum(1 for r in requests if r.input_length + 1 > smallest)
     if too_long:
-        raise ValueError(f"{too_long} request(s) can never fit the KV pool of {smallest:,} tokens; "
+        raise RequestsDoNotFit(f"{too_long} request(s) can never fit the KV pool of {smallest:,} tokens; "
                          "reject them first (the replay job counts them as rejected_requests)")
     arrivals = arrival_times([r.timestamp for r in requests], how=arrival, time_scale=time_scale, seed=seed)
     if model.mode == "agg":
@@ -164,6 +170,7 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
                                  "policy needs the future of one engine's requests; it only runs on one engine")
             e.cache.policy.prepare([s.keys for s in sorted(sims, key=lambda s: s.arrival_s)])
     order = sorted(range(len(sims)), key=lambda i: arrivals[i])
+    path_s = model.request_path_s
     heap: List[tuple] = []
     seq = 0
     pending: Dict[int, Tuple[list, list]] = {}
@@ -233,7 +240,7 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
                 dserver_of[i] = d_router.pick(s, s.arrival_s)
             e = f_servers[si].pick(s)
             routed[i] = e
-            own_arrivals.setdefault(id(e), []).append(s.arrival_s)
+            own_arrivals.setdefault(id(e), []).append(s.arrival_s + path_s)
         own_next = {k: 0 for k in own_arrivals}
 
     def next_own(e: Engine) -> float:
@@ -273,7 +280,9 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
     check_every = max(1, n // 64)
     stopped_at = None
     ai = 0
-    next_arrival = [arrivals[i] for i in order] + [INF]    # by arrival order; INF once all have come
+    # a request reaches its engine request_path_s after the client sent it (arrival_s, the
+    # moment TTFT and E2E are measured from)
+    next_arrival = [arrivals[i] + path_s for i in order] + [INF]    # by arrival order; INF once all have come
     while True:
         ta = next_arrival[ai]
         th = heap[0][0] if heap else INF
@@ -351,9 +360,9 @@ def simulate(model: DeploymentModel, requests: Sequence, *, arrival: str = "spre
     if bar is not None:
         bar.close()
     # requests alone on an idle engine of their kind, with the hits they got
-    unloaded = [_unloaded_ttft(s, front.spec, back.spec if back is not None else None,
-                               link(s.engine, s.decode_engine) if back is not None and s.decode_engine is not None
-                               else None, kv_bytes)
+    unloaded = [path_s + _unloaded_ttft(s, front.spec, back.spec if back is not None else None,
+                                        link(s.engine, s.decode_engine) if back is not None
+                                        and s.decode_engine is not None else None, kv_bytes)
                 for s in sims]
     routers = {"front": f_router}
     if back is not None:

@@ -97,8 +97,9 @@ from ..memory.transfer_accounting import TransferMeter, format_rate  # noqa: E40
 
 
 # --------------------------------------------------------------------------- the metrics schema
-#: version of the nested metrics.json / replay.json layout (groups of unit-suffixed leaves)
-SCHEMA_VERSION = 2
+#: version of the nested metrics.json layout (groups of unit-suffixed leaves, each quantity under
+#: one name); what changed from one version to the next is in docs/outputs.md
+SCHEMA_VERSION = 3
 
 
 def flatten_metrics(d: Mapping, *, _out: Optional[dict] = None) -> dict:

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional
 
 from .metrics import nearest_rank
 
-__all__ = ["HardwareSpec", "ModelShape", "PrefillTimeline", "assumptions", "default_chunk_tokens",
+__all__ = ["HardwareSpec", "ModelShape", "PrefillTimeline", "assumptions",
            "GB"]
 
 GB = 1e9          # the hardware presets give bandwidths in GB/s (10^9 bytes per second)
@@ -124,22 +124,6 @@ class ModelShape:
                    num_attention_heads=int(heads), head_dim=head_dim,
                    kv_bytes_per_token=int(geo.bytes_per_token), tp_size=max(1, int(_get(record, "tp_size", 1) or 1)),
                    weight_bytes_per_param=WEIGHT_ITEMSIZE.get(str(wdtype).lower(), 2.0))
-
-
-def default_chunk_tokens(record: Any, hardware: HardwareSpec) -> Optional[int]:
-    """The prefill chunk the record asks for; unset: about what SGLang picks for the GPU's memory.
-
-    Returns None when chunking is disabled (``chunked_prefill_size = -1``)."""
-    size = _get(record, "chunked_prefill_size")
-    if size is not None:
-        size = int(size)
-        return None if size <= 0 else size
-    gb = hardware.gpu_memory_gb
-    if gb < 35:
-        return 2048
-    if gb < 60:
-        return 4096
-    return 8192
 
 
 def assumptions(chunk_tokens: Optional[int]) -> List[str]:

@@ -125,3 +125,16 @@ def _plan_of(c):
     from sglang_hydra.config.compose import compose
     rec, comp = compose(["model=llama3_1_8b", "hardware=h100_80gb"])
     return _Engines(rec, comp.hardware).plan(c)
+
+
+def test_an_error_that_is_not_infeasibility_propagates(engines, monkeypatch):
+    """Only a request no pool holds is a rejected row; any other ValueError of the simulation is a bug
+    or an unmodelled setting and must reach the user (it used to become a row of zeros)."""
+    import sglang_hydra.workload.deployment as deployment
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug in the simulation")
+
+    monkeypatch.setattr(deployment, "simulate", broken)
+    with pytest.raises(ValueError, match="a bug in the simulation"):
+        evaluate(engines.plan(Candidate("agg", 1, 1)), steady(3, 100), Sla(1000, 100))

@@ -26,8 +26,10 @@ def test_search_writes_its_outputs_and_a_launchable_best(tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["best"]["mode"] in ("agg", "disagg") and data["best"]["tokens_per_s_per_gpu"] > 0
-    rows = data["rows"]
-    assert data["deployments"] == len(rows) > 10 and all(row["gpus_used"] <= 4 for row in rows)
+    rows = data["deployments"]
+    assert data["schema_version"] == 3
+    assert len(rows) > 10 and data["deployments_evaluated"] == sum(r["status"] != "skipped" for r in rows)
+    assert all(row["gpus_used"] <= 4 for row in rows)
     assert all(row["gpus_used"] + row["gpus_idle"] == 4 for row in rows)
     # the question: the fewest GPUs holding the SLA at 1.25x the rate; nothing run with fewer GPUs holds it
     assert data["question"] == "both" and data["headroom"] == 1.25
@@ -38,6 +40,21 @@ def test_search_writes_its_outputs_and_a_launchable_best(tmp_path):
     # the answer's headroom: holds at 1.25x, breaks above it, found by the search
     assert fewest["sla_break_rate_rps"] > fewest["evaluated_at_rps"] == 1.25 * data["trace_rate_rps"]
     assert 0 < fewest["busy_share"] <= 1 and fewest["busy_share_at_trace_rate"] <= 1
+    # side-explicit layouts: workers x tp for aggregated rows, each side for disaggregated ones
+    for row in rows:
+        assert "closest" not in row and "policy" not in row and "goodput_share" not in row
+        assert row["eviction_policy"] and 0 <= row["sla_met_share"] <= 1 and row["requests_total"] == 150
+        if row["mode"] == "agg":
+            assert row["workers"] * row["tp"] * row["dp"] == row["gpus_used"] and row["prefill_workers"] is None
+        else:
+            assert row["workers"] is None and row["tp"] is None
+            assert row["prefill_workers"] * row["prefill_tp"] + row["decode_workers"] * row["decode_tp"] \
+                == row["gpus_used"]
+    table = (tmp_path / "search" / "summary.csv").read_text().splitlines()
+    head = table[0].split(",")
+    at = head.index("gpus_used")
+    assert head[at + 1:at + 7] == ["workers", "tp", "prefill_workers", "prefill_tp", "decode_workers", "decode_tp"]
+    assert "closest" not in head and len(table) == len(rows) + 1
     out = tmp_path / "search"
     for name in ("summary.csv", "pareto.png", "best_deploy.yaml", "deploy_search.json"):
         assert (out / name).stat().st_size > 0
@@ -49,8 +66,9 @@ def test_search_writes_its_outputs_and_a_launchable_best(tmp_path):
     launched = run("--config", str(out / "best_deploy.yaml"), "job=launch", "job.dry_run=true", cwd=tmp_path)
     assert launched.returncode == 0, launched.stderr
     servers = [line for line in launched.stdout.splitlines() if "sglang.launch_server" in line]
-    assert len(servers) == (data["best"]["workers"] + data["best"]["decode_workers"]
-                            if data["best"].get("dp", 1) == 1 else 1)
+    best_row = data["best"]
+    assert len(servers) == ((best_row["workers"] if best_row.get("dp", 1) == 1 else 1) if best_row["mode"] == "agg"
+                            else best_row["prefill_workers"] + best_row["decode_workers"])
     assert all("--model-path meta-llama/Meta-Llama-3.1-8B" in line for line in servers)
     # the file names the model preset, so the jobs that need its KV geometry take it back too
     assert best["model"] == "llama3_1_8b"
@@ -140,5 +158,16 @@ def test_a_disaggregated_best_launches_as_xpyd(tmp_path):
     launched = run("--config", "search/best_deploy.yaml", "job=launch", "job.dry_run=true", cwd=tmp_path)
     assert launched.returncode == 0, launched.stderr
     router = launched.stdout.splitlines()[-1]
-    assert router.count("--prefill ") == best["workers"] and router.count("--decode ") == best["decode_workers"]
+    assert router.count("--prefill ") == best["prefill_workers"] and router.count("--decode ") == best["decode_workers"]
     assert "--enable-hierarchical-cache" in launched.stdout and "--hicache-ratio 2" in launched.stdout
+
+
+def test_a_simulation_error_exits_1_with_its_message_not_a_rejected_row(tmp_path):
+    # belady needs one engine's future; on two replicas the simulation refuses it: that is not a deployment
+    # that does not fit, so the search stops with the message instead of ranking a row of zeros
+    r = run("job=deploy_search", "model=llama3_1_8b", "hardware=h100_80gb", "deploy.total_gpus=2", "job.trace=sample",
+            "job.max_requests=20", "job.search.tp=[1]", "job.processes=1", "job.search.policies=[belady]",
+            "job.search.modes=[agg]", "job.sla.ttft_ms=3000", "job.sla.tpot_ms=60", "job.output_dir=out", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "belady eviction policy needs the future of one engine's requests" in r.stderr
+    assert "rejected" not in r.stdout

@@ -1,7 +1,7 @@
 import contextlib
 import threading
 
-from sglang_hydra.disagg.pd import DecodeWorker, PrefillWorker
+from sglang_hydra.disagg.workers import DecodeWorker, PrefillWorker
 
 from .faults import with_faults
 

@@ -37,7 +37,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format=f"[{a.role}-peer] %(name)s: %(message)s")
 
     from sglang_hydra.config.testing import make_record
-    from sglang_hydra.disagg.pd import DecodeWorker, PrefillWorker
+    from sglang_hydra.disagg.workers import DecodeWorker, PrefillWorker
     from tests.disagg.faults import with_faults
 
     rec = make_record(disaggregation_mode=a.role, disaggregation_transfer_backend=a.backend, page_size=16,

@@ -28,3 +28,25 @@ def test_no_answer_is_a_hang_and_leaks_or_no_recovery_fail_the_row():
     assert not Row("x", "zmq", recovered=True, leaked=None).survived
     assert not Row("x", "zmq", recovered=False).survived
     assert Row("x", "zmq", recovered=True).survived
+
+
+def test_an_l3_fault_counts_the_pages_it_really_lost_against_a_healthy_round():
+    from scripts.fault_matrix import _account_l3_fault
+    healthy = {"storage_hit_pages": 4, "storage_write_skipped_pages": 1, "storage_write_failed_pages": 0,
+               "storage_read_short_pages": 0}
+    during = {"storage_hit_pages": 4, "storage_write_skipped_pages": 1}          # finished before the kill
+    # 13 pages not written (2 of them failed writes: counted once), every L3 hit lost (1 read came back short)
+    down = {"storage_hit_pages": 0, "storage_write_skipped_pages": 13, "storage_write_failed_pages": 2,
+            "storage_read_short_pages": 1}
+    row = Row("master_restart", "mooncake-store", recovered=True)
+    assert _account_l3_fault(row, healthy, [during, down]) == 12 + 4
+    assert row.failed == 16 and row.reasons == {"L3 write not done": 12, "L3 hit lost: recomputed": 4}
+    assert row.survived
+
+
+def test_an_l3_fault_that_lost_nothing_tested_nothing():
+    from scripts.fault_matrix import _account_l3_fault
+    healthy = {"storage_hit_pages": 4}
+    row = Row("master_restart", "mooncake-store", recovered=True)
+    assert _account_l3_fault(row, healthy, [dict(healthy), dict(healthy)]) == 0
+    assert row.failed == 0 and "tested nothing" in row.problems[0] and not row.survived

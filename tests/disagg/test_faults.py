@@ -1,11 +1,12 @@
 """Every fault ends the request Failed, frees its pages, leaves the other side serving, and is bounded."""
 import dataclasses
+import re
 import threading
 import time
 
 import pytest
 
-from sglang_hydra.disagg.pd import PrefillWorker
+from sglang_hydra.disagg.workers import PrefillWorker
 from sglang_hydra.utils.ports import free_port
 from sglang_hydra.disagg.states import KVPoll
 
@@ -21,11 +22,12 @@ def _statuses(res):
 def test_bootstrap_unreachable(backend, fast_env):
     rec = make_rec(backend)
     with decode_worker(rec) as d:
-        t0 = time.monotonic()
         res = d.fetch(f"127.0.0.1:{free_port()}", [1, 2], 4, timeout=20)
-        assert time.monotonic() - t0 < 10
         assert _statuses(res) == {1: "Failed", 2: "Failed"}
-        assert all("attempt(s)" in r.reason for r in res.requests)
+        # bounded by count, not by the fetch's 20 s timeout: a finite number of bootstrap attempts (the
+        # configured 3, raised until their backoff spans two heartbeats), then no further request is issued
+        tries = [int(m.group(1)) for r in res.requests for m in [re.search(r"after (\d+) attempt\(s\)", r.reason)] if m]
+        assert tries and all(3 <= n < 64 for n in tries), [r.reason for r in res.requests]
         assert_clean(res)
         with serving_prefill(rec) as (p, _):          # the decode keeps serving afterwards
             ok = d.fetch(p.bootstrap_addr, [3, 4], 4, timeout=20)
@@ -38,10 +40,10 @@ def test_bootstrap_slow(fast_env):
     rec = make_rec("zmq")
     with serving_prefill(rec, slow_bootstrap=True) as (p, _), decode_worker(rec) as d:
         p.server.delay_s = 1.0
-        t0 = time.monotonic()
         res = d.fetch(p.bootstrap_addr, [1], 4, timeout=20)
-        assert time.monotonic() - t0 < 5
-        assert res.requests[0].status == "Failed" and "timed out" in res.requests[0].reason
+        # every attempt timed out at 0.3 s (the server answers after 1 s), a finite number of them
+        assert res.requests[0].status == "Failed" and "TimeoutError: timed out" in res.requests[0].reason
+        assert re.search(r"after [2-9] attempt\(s\)", res.requests[0].reason), res.requests[0].reason
         assert_clean(res)
         p.server.delay_s = 0.0
         ok = d.fetch(p.bootstrap_addr, [2], 4, timeout=20)
@@ -62,14 +64,13 @@ def test_prefill_killed_mid_transfer(backend, fast_env, peers):
             assert time.monotonic() < deadline, "metadata was never sent"
             time.sleep(0.02)
         time.sleep(0.3)  # prefill has the metadata and is inside its (slowed) transfer
-        t0 = time.monotonic()
         slow.kill()
         th.join(15)
         assert not th.is_alive()
-        assert time.monotonic() - t0 < 5          # heartbeat: 2 misses x 0.2 s
         res = out["r"]
         assert _statuses(res) == {1: "Failed", 2: "Failed"}
-        assert all("Lost connection" in r.reason for r in res.requests)
+        # the heartbeat (2 misses x 0.2 s) ended them, not the fetch's own 20 s timeout
+        assert all("Lost connection" in r.reason and "timed out" not in r.reason for r in res.requests)
         assert_clean(res)
         fresh = peers("prefill", "--backend", backend, "--bootstrap-port", str(free_port()))
         ok = d.fetch(fresh.ready["bootstrap"], [3, 4], 4, timeout=20)
@@ -120,9 +121,10 @@ def test_waiting_timeout_env(fast_env):
     fast_env.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "0.5")
     rec = make_rec("zmq")
     with serving_prefill(rec, delay=1.5) as (p, out), decode_worker(rec) as d:
-        t0 = time.monotonic()
         res = d.fetch(p.bootstrap_addr, [1], 4, timeout=20)
-        assert time.monotonic() - t0 < 1.5
+        # order, not a stopwatch: the decode gave up (its 0.5 s wait) while the prefill was still
+        # inside its 1.5 s slowed transfer of room 1, which has not ended yet
+        assert p.mgr.status.get(1) not in (KVPoll.Success, KVPoll.Failed), p.mgr.status.get(1)
         r = res.requests[0]
         assert r.status == "Failed" and "timed out after 0.5s" in r.reason
         assert_clean(res)
@@ -136,13 +138,12 @@ def test_bootstrap_timeout_env(fast_env):
     fast_env.setenv("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "0.3")
     w = PrefillWorker(make_rec("zmq"), bootstrap_port=0)
     try:
-        t0 = time.monotonic()
         res = w.serve([1, 2], pages_per_request=4, timeout=10)
-        assert time.monotonic() - t0 < 2
     finally:
         w.close()
     assert _statuses(res) == {1: "Failed", 2: "Failed"}
-    assert "timed out after 0.3s in KVPoll.Bootstrapping" in res.requests[0].reason
+    # both ended on the variable's 0.3 s bootstrap timeout, not on serve's own 10 s one
+    assert all("timed out after 0.3s in KVPoll.Bootstrapping" in r.reason for r in res.requests)
     assert_clean(res)
 
 
@@ -173,9 +174,9 @@ def test_injected_poll_failure_env(fast_env):
 def test_a_request_that_cannot_fit_the_prefill_pool_fails_at_once_on_both_sides(fast_env):
     """Prefill knows at once that 40 pages never fit its 16: it fails the room and tells decode,
     which frees the pages (no waiting timeout); the prefill keeps serving."""
-    from sglang_hydra.disagg.pd import DecodeWorker, KVGeometry
+    from sglang_hydra.disagg.workers import DecodeWorker, PlainBufferShape
     rec = make_rec("zmq")
-    small = KVGeometry(num_layers=2, head_num=2, head_dim=16, page_size=16, num_pages=16)
+    small = PlainBufferShape(num_layers=2, head_num=2, head_dim=16, page_size=16, num_pages=16)
     big = dataclasses.replace(small, num_pages=128)
     with serving_prefill(rec, geometry=small) as (p, out):
         d = DecodeWorker(rec, geometry=big)

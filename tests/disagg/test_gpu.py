@@ -6,7 +6,7 @@ through pinned host staging. Both must deliver byte-identical pages, with checks
 import pytest
 import torch
 
-from sglang_hydra.jobs.pd_harness import run_pair
+from sglang_hydra.jobs.pd_pair_processes import run_pair
 
 from .conftest import make_rec, nixl_importable
 

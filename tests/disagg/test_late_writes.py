@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sglang_hydra.disagg import control
-from sglang_hydra.disagg.pd import DecodeWorker, build_kv_source, check_pages
+from sglang_hydra.disagg.workers import DecodeWorker, build_kv_source, check_pages
 from sglang_hydra.disagg.states import KVPoll
 
 from .conftest import BACKENDS, make_rec, mooncake_importable

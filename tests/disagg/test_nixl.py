@@ -30,7 +30,7 @@ def _statuses(res):
 # ----------------------------------------------------------------------------- always run
 def test_missing_nixl_gives_clear_error(monkeypatch):
     from sglang_hydra.disagg import registry
-    from sglang_hydra.disagg.pd import PrefillWorker
+    from sglang_hydra.disagg.workers import PrefillWorker
     for mod in ("nixl", "nixl._api", "nixl_cu12", "nixl_cu12._api"):
         monkeypatch.setitem(sys.modules, mod, None)   # `import` of these now raises ImportError
     monkeypatch.setattr(registry, "_CACHE", {})

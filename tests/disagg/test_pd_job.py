@@ -4,19 +4,19 @@ import json
 import pytest
 
 from sglang_hydra.config.errors import ConfigError
-from sglang_hydra.disagg import pd
+from sglang_hydra.disagg import workers
 from sglang_hydra.disagg.decode_side import PeerConfigError
-from sglang_hydra.jobs import pd as job_pd
+from sglang_hydra.jobs import pd_transfer as job_pd
 from sglang_hydra.jobs.context import JobContext
 
 from .conftest import make_rec
 
 
 def _side(n=3, checksum=True, verified=True, status="Success"):
-    reqs = [pd.RequestResult(room=i, status=status, pages=4, bytes=4096, latency_s=0.01,
+    reqs = [workers.RequestResult(room=i, status=status, pages=4, bytes=4096, latency_s=0.01,
                              checksum=checksum, verified=verified,
                              reason=None if status == "Success" else "boom") for i in range(1, n + 1)]
-    return pd.SideResult("decode", "zmq", {}, {}, requests=reqs, wall_s=1.0, transfer_s=0.5)
+    return workers.SideResult("decode", "zmq", {}, {}, requests=reqs, wall_s=1.0, transfer_s=0.5)
 
 
 def _run(monkeypatch, tmp_path, side=None, exc=None, checksum=True):
@@ -24,7 +24,7 @@ def _run(monkeypatch, tmp_path, side=None, exc=None, checksum=True):
         if exc is not None:
             raise exc
         return side
-    monkeypatch.setattr(pd, "run_decode", fake_run_decode)
+    monkeypatch.setattr(workers, "run_decode", fake_run_decode)
     rec = make_rec("zmq", mode="decode", checksum=checksum)
     return job_pd.run_side(rec, {"prefill": "127.0.0.1:1", "requests": 3, "verify": True}, JobContext(tmp_path))
 
@@ -71,5 +71,5 @@ def test_a_bad_environment_value_is_a_config_error(monkeypatch, tmp_path):
 
 
 def _run_env(monkeypatch, tmp_path, env_cls):
-    monkeypatch.setattr(pd, "run_decode", lambda *a, **k: env_cls.from_env())
+    monkeypatch.setattr(workers, "run_decode", lambda *a, **k: env_cls.from_env())
     return job_pd.run_side(make_rec("zmq", mode="decode"), {"prefill": "127.0.0.1:1"}, JobContext(tmp_path))

@@ -3,8 +3,8 @@ import time
 
 import pytest
 
-from sglang_hydra.disagg.pd import DecodeWorker, build_kv_source
-from sglang_hydra.jobs.pd_harness import run_pair
+from sglang_hydra.disagg.workers import DecodeWorker, build_kv_source
+from sglang_hydra.jobs.pd_pair_processes import run_pair
 
 from .conftest import BACKENDS, make_rec, mooncake_importable
 from .helpers import ReversingAllocator, assert_clean, decode_worker, serving_prefill

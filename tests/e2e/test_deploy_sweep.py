@@ -32,10 +32,10 @@ def test_pd_sweep_over_prefill_workers_and_transfer_backend(tmp_path):
     assert all(t["status"] == "ok" for t in table)
     for n in range(6):           # each point is a deployment run of its own, as a single run writes it
         point = sweep / str(n)
-        assert (point / "metrics.json").is_file() and (point / "replay.json").is_file()
+        assert (point / "metrics.json").is_file() and not (point / "replay.json").exists()
         ovs = yaml.safe_load((point / ".hydra" / "overrides.yaml").read_text())
         assert f"deploy.prefill_workers={table[n]['deploy.prefill_workers']}" in ovs
-        doc = json.loads((point / "replay.json").read_text())
+        doc = json.loads((point / "metrics.json").read_text())
         assert doc["deployment"]["prefill_servers"] == int(table[n]["deploy.prefill_workers"])
         assert doc["deployment"]["transfer_backend"] == table[n]["disagg.disaggregation_transfer_backend"]
     by = {(t["deploy.prefill_workers"], t["disagg.disaggregation_transfer_backend"]): t for t in table}
@@ -94,7 +94,7 @@ def test_hydra_run_dir_places_a_single_deployment_run(tmp_path):
     r = run(*PD, "job.max_requests=100", "hydra.run.dir=OUT", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = tmp_path / "OUT"
-    assert (out / "replay.json").is_file() and (out / "metrics.json").is_file()
+    assert (out / "metrics.json").is_file() and not (out / "replay.json").exists()
     assert "deploy=pd" in yaml.safe_load((out / ".hydra" / "overrides.yaml").read_text())
     assert yaml.safe_load((out / ".hydra" / "config.yaml").read_text())["job"]["max_requests"] == 100
     assert not (tmp_path / "outputs").exists()
@@ -166,7 +166,7 @@ decode:
 
 def test_a_config_file_s_settings_are_in_each_point_s_record(tmp_path):
     # issue 19: with --config, a deployment sweep recorded only the command line's overrides, so
-    # overrides.yaml, replay.json's settings and best_config.yaml lost what the file set
+    # overrides.yaml, metrics.json's settings and best_config.yaml lost what the file set
     (tmp_path / "dep.yaml").write_text(CONFIG_FILE)
     r = run("-m", "--config", "dep.yaml", "job=replay", "job.max_requests=60", "schedule.max_prefill_tokens=16384",
             "deploy.prefill_workers=1,2", "hydra.sweep.dir=sw", cwd=tmp_path)
@@ -179,9 +179,9 @@ def test_a_config_file_s_settings_are_in_each_point_s_record(tmp_path):
         # the file's first (the command line wins a key both set: max_prefill_tokens is the command line's)
         assert ovs == from_file + ["job=replay", "job.max_requests=60", "schedule.max_prefill_tokens=16384",
                                    f"deploy.prefill_workers={workers}"]
-        settings = json.loads((point / "replay.json").read_text())["settings"]
+        settings = json.loads((point / "metrics.json").read_text())["settings"]
         assert settings["override prefill.parallel.tp_size"] == "2" and settings["override deploy"] == "pd"
-        doc = json.loads((point / "replay.json").read_text())
+        doc = json.loads((point / "metrics.json").read_text())
         assert doc["deployment"]["prefill_servers"] == int(workers)
     assert [t["deploy.prefill_workers"] for t in rows(tmp_path / "sw")] == ["1", "2"]
     best = yaml.safe_load((tmp_path / "sw" / "best_config.yaml").read_text())

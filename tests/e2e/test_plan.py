@@ -35,6 +35,21 @@ def test_hicache_ratio_on_h100_as_json(tmp_path):
     assert p["host_bytes"] == p["host_tokens"] * 131072
     assert p["device_tokens"] * 131072 + p["weights_bytes"] <= 80 * GB * p["mem_fraction_static"]
     assert p["host_budget_reason"].startswith("hicache_ratio 2")
+    assert p["host_budget_ranks"] == 8 and p["host_budget_bytes"] == (2000 * GB - 10 * 2 ** 30) // 8
+
+
+def test_host_budget_per_rank_is_the_nodes_ram_over_the_ranks_sharing_it(tmp_path):
+    """8 GPUs share an H100 node's 2,000 GB: 248.7 GB per rank, not 1,989 GB (issue 27); a pool
+    over that share is named (it fits only with fewer servers on the node)."""
+    r = run("job=plan", "model=llama3_8b", "hardware=h100_80gb", "memory=hicache", "memory.hicache_ratio=2",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "host budget 248.7 GB/rank (2,000 GB less the 10 GiB reserve, over the 8 ranks sharing it)" in r.stdout
+    assert "over one rank's share" not in r.stdout
+    r = run("job=plan", "model=llama3_8b", "hardware=h100_80gb", "memory=hicache", "memory.hicache_size=400",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "the host pool (400.0 GB) is over one rank's share of the node (248.7 GB when 8 ranks share it)" in r.stdout
 
 
 def test_decode_server_plan_shows_retraction_backup(tmp_path):

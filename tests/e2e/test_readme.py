@@ -83,8 +83,8 @@ EXPECTATIONS = {
     "python -m sglang_hydra --help":
         Expect(stdout=(r"== Config groups ==", r"(?m)^job: .*pd_pair", r"job=replay: ")),
     "sglang-hydra": Expect(stdout=(r"1 server\(s\) x dp 8 x tp 1 = 8 GPU\(s\)", r"TTFT P50 / P90 / P99",
-                                   r"token hit rate", r"wrote outputs/.*/replay\.json"),
-                           files=("outputs/*/*/replay.json",)),
+                                   r"token hit rate", r"wrote outputs/.*/metrics\.json"),
+                           files=("outputs/*/*/metrics.json",)),
     "sglang-hydra job=setup model=llama3_8b memory=hicache schedule.max_total_tokens=4096 job.verify=true "
     "hardware.host_memory_gb=16":
         Expect(stdout=(r"verify OK: \d+ rounds x \d+ pages", r"host \[\w+\] [\d,]+ tokens")),
@@ -98,6 +98,11 @@ EXPECTATIONS = {
         Expect(stdout=(r"(?m)^# prefill .*\n.*sglang\.launch_server .*--disaggregation-mode prefill",
                        r"(?m)^# decode .*\n.*--disaggregation-mode decode",
                        r"(?m)^# router .*\n.*sglang_router\.launch_router --pd-disaggregation")),
+    "sglang-hydra job=validate model=tiny_llama hardware=local job.calibrate=true "
+    "job.python=$SGLANG_HYDRA_REFERENCE_PYTHON":
+        Expect(stdout=(r"token hit rate", r"TTFT P50 ms", r"relative error per request",
+                       r"wrote .*validation\.csv, validation\.json, validation\.png"),
+               files=("outputs/*/*/validation.csv", "outputs/*/*/validation.png", "outputs/*/*/predicted.jsonl")),
     # the what-if section (job=replay simulates the deployment; every figure needs a target GPU)
     "sglang-hydra job=plan model=llama3_1_8b hardware=h100_80gb memory=hicache memory.hicache_ratio=2":
         Expect(stdout=(r"KV memory plan \(mha, 32 layers", r"target h100_80gb: 80 GB GPU",
@@ -105,45 +110,45 @@ EXPECTATIONS = {
     "sglang-hydra job=replay model=llama3_1_8b hardware=h100_80gb job.trace=conversation parallel.dp_size=8":
         Expect(stdout=(r"1 server\(s\) x dp 8 x tp 1 = 8 GPU\(s\)", r"TTFT P50 / P90 / P99", r"TPOT P50 / P90",
                        r"requests served / rejected +│ +12,031 / 0", r"status +│ +ok"),
-               files=("outputs/*/*/replay.json",)),
+               files=("outputs/*/*/metrics.json",)),
     "sglang-hydra -m job=replay model=llama3_1_8b hardware=h100_80gb parallel.dp_size=1,2,4,8 "
     "parallel.load_balance_method=round_robin,total_tokens":
-        Expect(files=("multirun/*/*/summary.csv", "multirun/*/*/summary.png", "multirun/*/*/7/replay.json")),
+        Expect(files=("multirun/*/*/summary.csv", "multirun/*/*/summary.png", "multirun/*/*/7/metrics.json")),
     "sglang-hydra job=replay model=llama3_1_8b hardware=h100_80gb deploy.workers=4 deploy.router_policy=cache_aware":
         Expect(stdout=(r"4 server\(s\) x dp 1 x tp 1 = 4 GPU\(s\), router cache_aware", r"TTFT P50 / P90 / P99"),
-               files=("outputs/*/*/replay.json",)),
+               files=("outputs/*/*/metrics.json",)),
     "sglang-hydra job=replay deploy=pd deploy.prefill_workers=3 deploy.decode_workers=1 prefill.parallel.tp_size=1 "
     "decode.parallel.tp_size=4 model=llama3_1_8b hardware=h100_80gb job.trace=conversation":
         Expect(stdout=(r"3P \(dp 1 x tp 1\) \+ 1D \(dp 1 x tp 4\), mooncake over nic = 7 GPU\(s\)",
                        r"TTFT P50 / P90 / P99"),
-               files=("outputs/*/*/replay.json",)),
+               files=("outputs/*/*/metrics.json",)),
     "sglang-hydra -m job=replay deploy=pd deploy.prefill_workers=2,3,4 disagg.disaggregation_transfer_backend="
     "mooncake,zmq model=llama3_1_8b hardware=h100_80gb job.max_requests=300":
         Expect(stdout=(r"sweep summary: 6 points in \S+: 6 ok",),
                files=("multirun/*/*/summary.csv", "multirun/*/*/summary.png", "multirun/*/*/pareto.png",
-                      "multirun/*/*/best_config.yaml", "multirun/*/*/5/replay.json")),
+                      "multirun/*/*/best_config.yaml", "multirun/*/*/5/metrics.json")),
     "sglang-hydra -m model=llama3_1_8b hardware=h100_80gb memory=hicache job.trace=conversation parallel.dp_size=8 "
     "memory.hicache_ratio=1,2,4 memory.radix_eviction_policy=lru,ghost_lru hydra/launcher=joblib "
     "hydra.launcher.n_jobs=2":
         Expect(files=("multirun/*/*/summary.csv", "multirun/*/*/summary.png", "multirun/*/*/pareto.png",
-                      "multirun/*/*/best_config.yaml", "multirun/*/*/5/replay.json")),
+                      "multirun/*/*/best_config.yaml", "multirun/*/*/5/metrics.json")),
     "sglang-hydra -m hydra/sweeper=optuna hydra.sweeper.n_trials=8 model=llama3_1_8b hardware=h100_80gb "
     "memory=hicache job.trace=conversation parallel.dp_size=8 'memory.hicache_ratio=interval(1,8)' "
     "'memory.radix_eviction_policy=choice(lru,lfu,ghost_lru)'":
         Expect(files=("multirun/*/*/optimization_results.yaml", "multirun/*/*/best_config.yaml",
-                      "multirun/*/*/7/replay.json")),
+                      "multirun/*/*/7/metrics.json")),
     "sglang-hydra job=replay model=llama3_1_8b hardware=h100_80gb job.trace=conversation schedule.page_size=512 "
     "schedule.max_total_tokens=2048000 memory.radix_eviction_policy=ghost_lru job.format=json":
         Expect(stdout=(r'"schema_version": 2', r'"token_hit_rate"', r'"ttft_p90_ms"', r'"tpot_p90_ms"'),
-               files=("outputs/*/*/replay.json",)),
+               files=("outputs/*/*/metrics.json",)),
     "sglang-hydra -m job=replay model=llama3_1_8b hardware=h100_80gb memory.radix_eviction_policy=lru,lfu,slru,ghost_lru "
     "schedule.max_total_tokens=2048000,8192000 schedule.page_size=512":
         Expect(files=("multirun/*/*/summary.csv", "multirun/*/*/summary.png", "multirun/*/*/failed.csv",
-                      "multirun/*/*/7/replay.json")),
+                      "multirun/*/*/7/metrics.json")),
     "sglang-hydra job=replay memory=hicache job.mode=full job.max_requests=100 model=tiny "
     "schedule.max_total_tokens=65536 schedule.page_size=16 model.context_length=131072 hardware=h100_80gb "
     "hardware.host_memory_gb=16":
-        Expect(stdout=(r"TTFT P50 / P90 / P99",), files=("outputs/*/*/replay.json",)),
+        Expect(stdout=(r"TTFT P50 / P90 / P99",), files=("outputs/*/*/metrics.json",)),
     # job=estimate: one static batch
     "sglang-hydra job=estimate model=llama3_1_8b hardware=h100_80gb parallel.tp_size=2 job.isl=4096 job.osl=512 "
     "job.batch_size=64 job.prefix=1024":
@@ -165,7 +170,7 @@ EXPECTATIONS = {
     "sglang-hydra -m job=replay model=llama3_1_8b hardware=h100_80gb deploy.workers=4 "
     "deploy.router_policy=round_robin,cache_aware":
         Expect(stdout=(r"sweep summary: 2 points",),
-               files=("multirun/*/*/summary.csv", "multirun/*/*/best_config.yaml", "multirun/*/*/1/replay.json")),
+               files=("multirun/*/*/summary.csv", "multirun/*/*/best_config.yaml", "multirun/*/*/1/metrics.json")),
 }
 
 
@@ -195,8 +200,15 @@ COMMANDS = readme_commands(README.read_text(encoding="utf-8"))
 RUNNABLE = [c for c in COMMANDS if c not in SETUP_COMMANDS]
 
 
+# Commands that launch a real SGLang server: they need the engine's interpreter
+# ($SGLANG_HYDRA_REFERENCE_PYTHON), so they run with the reference tests (.ci/run sets it there).
+REFERENCE_PATTERNS = (r"job=validate",)
+
+
 def _param(cmd: str):
     marks = [pytest.mark.slow] if any(re.search(p, cmd) for p in SLOW_PATTERNS) else []
+    if any(re.search(p, cmd) for p in REFERENCE_PATTERNS):
+        marks.append(pytest.mark.reference)
     return pytest.param(cmd, marks=marks, id=_strip_comment(cmd)[:80])
 
 

@@ -17,13 +17,14 @@ def run(*args, cwd, timeout=300):
                           timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
-def test_replay_json_is_schema_2_with_unique_unit_suffixed_leaves(tmp_path):
+def test_metrics_json_is_schema_3_with_unique_unit_suffixed_leaves(tmp_path):
     r = run("job=replay", *BASE, "parallel.dp_size=2", "job.max_requests=200", "job.format=json",
-            f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+            "job.trace='sample'", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert doc == json.loads((tmp_path / "run" / "replay.json").read_text()) == json.loads(r.stdout)
-    assert doc["schema_version"] == 2 and doc["status"] in ("ok", "saturated", "rejected")
+    assert doc == json.loads(r.stdout)
+    assert sorted(p.name for p in (tmp_path / "run").glob("*.json")) == ["metrics.json"]     # one metrics file
+    assert doc["schema_version"] == 3 and doc["status"] in ("ok", "saturated", "rejected")
     for group in ("settings", "deployment", "requests", "latency", "throughput", "cache", "memory"):
         assert isinstance(doc[group], dict), group
     flat = flatten_metrics(doc)                 # raises if a leaf name repeats
@@ -31,8 +32,12 @@ def test_replay_json_is_schema_2_with_unique_unit_suffixed_leaves(tmp_path):
                 "tpot_p99_ms", "itl_p90_ms", "e2e_p90_ms", "tokens_per_s", "tokens_per_s_per_gpu",
                 "tokens_per_s_per_user", "goodput_rps_per_gpu", "requests_per_s", "token_hit_rate",
                 "device_hit_tokens", "device_capacity_tokens", "host_memory_gb", "requests_total",
-                "requests_completed", "rejected_requests", "objective", "objective_value"):
+                "requests_completed", "rejected_requests", "objective", "objective_direction"):
         assert key in flat, key
+    # each quantity once: no copy of the objective's value, no second unit of host memory
+    assert "objective_value" not in flat and "host_memory_bytes" not in flat
+    assert doc["objective"] == {"objective": "ttft_p90_ms", "objective_direction": "minimize"}
+    assert doc["settings"]["override job.trace"] == "sample"          # the value, not "'sample'"
     assert doc["deployment"]["dp_size"] == 2 and doc["deployment"]["gpus"] == 2
     assert doc["settings"]["override parallel.dp_size"] == "2"      # overrides never overwrite results
     assert flat["ttft_p90_ms"] >= flat["ttft_unloaded_p90_ms"] > 0
@@ -57,7 +62,7 @@ def test_requests_longer_than_the_context_are_rejected_and_said(tmp_path):
     r = run("job=replay", "model=llama3_8b", "hardware=h100_80gb", "job.max_requests=100",
             f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    doc = json.loads((tmp_path / "run" / "replay.json").read_text())
+    doc = json.loads((tmp_path / "run" / "metrics.json").read_text())
     req = doc["requests"]
     assert req["rejected_requests"] > 0 and req["requests_completed"] + req["rejected_requests"] == 100
     assert set(req["rejected_reasons"]) <= {"input_longer_than_context", "input_plus_output_over_context"}
@@ -65,7 +70,7 @@ def test_requests_longer_than_the_context_are_rejected_and_said(tmp_path):
     r = run("job=replay", "model=llama3_8b", "hardware=h100_80gb", "job.max_requests=100",
             "serving.allow_auto_truncate=true", f"hydra.run.dir={tmp_path}/trunc", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    req = json.loads((tmp_path / "trunc" / "replay.json").read_text())["requests"]
+    req = json.loads((tmp_path / "trunc" / "metrics.json").read_text())["requests"]
     assert req["rejected_requests"] == 0 and req["truncated_requests"] > 0
 
 
@@ -97,7 +102,7 @@ def test_deploy_pd_replay_in_process(tmp_path):
     ctx = JobContext(output_dir=tmp_path, hardware=composed.hardware,
                      deploy={"prefill_workers": 3, "decode_workers": 1, "router_policy": "round_robin"})
     replay(target, job, ctx)
-    doc = json.loads((tmp_path / "replay.json").read_text())
+    doc = json.loads((tmp_path / "metrics.json").read_text())
     dep = doc["deployment"]
     assert dep["deploy_mode"] == "disagg" and dep["gpus"] == 3 * 1 + 1 * 2
     assert dep["transfer_backend"] == "nixl" and dep["prefill_servers"] == 3 and dep["decode_tp_size"] == 2

@@ -14,7 +14,7 @@ import yaml
 
 # tiny's own context is shorter than most of the sample's prompts: a replay that rejects such
 # requests (schema 2) would mark every point "rejected"
-SMALL = ("job.max_requests=60", "job.mode=metadata", "schedule.page_size=512", "model.context_length=131072",
+SMALL = ("job.max_requests=60", "job.mode=device_only", "schedule.page_size=512", "model.context_length=131072",
          "hardware=h100_80gb")
 ON_LOCAL = tuple(a for a in SMALL if not a.startswith("hardware="))
 SAMPLE = str(Path(__file__).resolve().parents[2] / "sglang_hydra" / "workload" / "data" / "conversation_sample.jsonl")
@@ -103,7 +103,7 @@ def test_an_interrupted_sweep_still_writes_its_summary(tmp_path, sig, code, name
     best = (sweep / "best_config.yaml").read_text()
     assert "(run 0, ok)" in best and yaml.safe_load(best) == {"hardware": "h100_80gb", "model.context_length": 131072,
                                                                "schedule.page_size": 512}
-    assert (sweep / "summary.png").stat().st_size > 10_000
+    assert (sweep / "summary.png").is_file()
     assert "sweep summary: 2 points" in out and "1 ok, 1 interrupted" in out
 
 
@@ -154,7 +154,7 @@ def test_an_optuna_study_whose_every_trial_fails_still_leaves_its_summary(tmp_pa
     sweep = tmp_path / "opt"
     r = run("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "memory=hicache",
             "memory.hicache_ratio=interval(2,4)", "schedule.max_total_tokens=102400", "job.max_host_memory_gb=0.001",
-            "job.objective=token_hit_rate", *(a for a in SMALL if a != "job.mode=metadata"),
+            "job.objective=token_hit_rate", *(a for a in SMALL if a != "job.mode=device_only"),
             f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "sweep summary: 2 points" in r.stdout and "2 infeasible" in r.stdout
@@ -165,14 +165,13 @@ def test_an_optuna_study_whose_every_trial_fails_still_leaves_its_summary(tmp_pa
 def test_a_saturated_point_is_said_and_never_the_best(tmp_path):
     """One H100 cannot keep up with the sample at its real rate; at 1/200 of it, it can.  The
     saturated point is a status of its own in the table and the terminal, and the best point
-    by P90 TTFT is the unsaturated one.  Needs the replay's schema-2 metrics (their status)."""
+    by P90 TTFT is the unsaturated one (the replay's schema-2 metrics state it)."""
     sweep = tmp_path / "sweep"
     r = run("-m", "model=llama3_8b", "model.context_length=131072", "hardware=h100_80gb", "job.time_scale=1,200",
             "job.max_requests=300", "job.objective=ttft_p90_ms", f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     import json
-    if "schema_version" not in json.loads((sweep / "0" / "metrics.json").read_text()):
-        pytest.skip("the replay on this branch writes no schema-2 metrics, so it states no saturation")
+    assert json.loads((sweep / "0" / "metrics.json").read_text())["schema_version"] == 2
     rows = {row["job.time_scale"]: row for row in rows_of(sweep / "summary.csv")}
     assert rows["1"]["status"] == "saturated" and rows["200"]["status"] == "ok"
     assert "1 saturated" in r.stdout and "run 0 [job.time_scale=1]" in r.stdout
@@ -182,15 +181,15 @@ def test_a_saturated_point_is_said_and_never_the_best(tmp_path):
 
 def test_a_sweep_over_a_setting_the_simulation_ignores_warns_once(tmp_path):
     """The metrics list the settings the simulation does not read (``not_modelled``); a sweep
-    over one says so once, naming the key, instead of leaving identical rows unexplained.
-    Needs the replay's schema-2 metrics (their not_modelled list)."""
+    over one says so once, naming the key, instead of leaving identical rows unexplained."""
     sweep = tmp_path / "sweep"
     r = run("-m", "observability.enable_metrics=true,false", "job.objective=token_hit_rate", *SMALL,
             f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     import json
-    if "not_modelled" not in json.loads((sweep / "0" / "metrics.json").read_text()):
-        pytest.skip("the replay on this branch lists no not-modelled settings")
+    from sglang_hydra.workload.metrics import flatten_metrics
+    listed = flatten_metrics(json.loads((sweep / "0" / "metrics.json").read_text()))["not_modelled"]
+    assert any("observability.enable_metrics" in x for x in listed), listed
     warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("sglang-hydra: warning: the simulation does not model")]
     assert warnings == ["sglang-hydra: warning: the simulation does not model observability.enable_metrics (swept over "
                         "False, True): its values give the same answer, and any difference between rows comes from "

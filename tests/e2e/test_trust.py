@@ -181,7 +181,7 @@ def test_an_unparsable_override_gets_a_quoting_hint(tmp_path):
 
 # --------------------------------------------------------------------------- 4. outputs
 def _replay_dirs_of_two_runs_at_once(args, cwd):
-    """Start the same command twice at once; both must succeed. The run dirs holding a replay.json."""
+    """Start the same command twice at once; both must succeed. The run dirs holding a metrics.json."""
     procs = [subprocess.Popen([sys.executable, "-m", "sglang_hydra", *args], cwd=cwd,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     try:
@@ -193,7 +193,7 @@ def _replay_dirs_of_two_runs_at_once(args, cwd):
             if p.poll() is None:
                 p.kill()
                 p.communicate()
-    return sorted(p.parent for p in (cwd / "outputs").glob("*/*/replay.json"))
+    return sorted(p.parent for p in (cwd / "outputs").glob("*/*/metrics.json"))
 
 
 def test_direct_runs_save_config_and_overrides_in_unique_dirs(tmp_path):

@@ -306,5 +306,5 @@ def test_full_replay_without_hicache():
     from sglang_hydra.workload.full_replay import full_replay
     from sglang_hydra.workload.trace import load_trace
     rec = make_record(max_total_tokens=4096 * PS, page_size=PS)
-    r = full_replay(load_trace(), None, max_requests=10) if False else full_replay(rec, load_trace(), max_requests=10)
+    r = full_replay(rec, load_trace(), max_requests=10)
     assert r.requests == 10 and r.hit_rate["host"] == 0.0

@@ -91,5 +91,5 @@ def test_replay_job_runs_a_replay_only_policy_in_full_mode(tmp_path):
                       hicache_io_backend="direct", context_length=131072)
     run(rec, {"mode": "full", "policy": "belady", "max_requests": 2, "progress": False},
         JobContext(output_dir=tmp_path, hardware=compose_hardware("h100_80gb")[0]))
-    out = json.loads((tmp_path / "replay.json").read_text())
+    out = json.loads((tmp_path / "metrics.json").read_text())
     assert out["deployment"]["eviction_policy"] == "belady" and out["requests"]["requests_completed"] == 2

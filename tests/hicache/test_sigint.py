@@ -79,4 +79,4 @@ def test_sigint_during_full_replay(tmp_path):
     assert _temps(store) == [] and names
     bad = {n: check_page_file(store / n) for n in names}
     assert {n: p for n, p in bad.items() if p} == {}
-    assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("replay.json"))
+    assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("metrics.json"))

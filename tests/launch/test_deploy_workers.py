@@ -71,10 +71,13 @@ def test_gpus_over_the_budget_are_one_line_naming_the_keys(argv, key, text):
 
 
 def test_within_the_budget_composes():
-    for argv in (("deploy.workers=4", "parallel.tp_size=2", "hardware=h100_80gb"),
-                 ("deploy=pd", "deploy.prefill_workers=3", "deploy.decode_workers=1", "decode.parallel.tp_size=4",
-                  "deploy.total_gpus=8")):
-        compose_deployment(deployment_request(list(argv)))
+    """Exactly 8 GPUs' worth composes (no error) into the servers asked for, each with its TP."""
+    agg = compose_deployment(deployment_request(["deploy.workers=4", "parallel.tp_size=2", "hardware=h100_80gb"]))[0]
+    assert [(s.role, s.record.tp_size) for s in agg.servers] == [("server", 2)] * 4
+    pd = compose_deployment(deployment_request(["deploy=pd", "deploy.prefill_workers=3", "deploy.decode_workers=1",
+                                                "decode.parallel.tp_size=4", "deploy.total_gpus=8"]))[0]
+    assert [(s.role, s.record.tp_size) for s in pd.servers] == [("prefill", 1)] * 3 + [("decode", 4)]
+    assert sum(s.record.tp_size for s in pd.servers) == 7          # within deploy.total_gpus 8
 
 
 # ---------------------------------------------------------------- several servers: layout

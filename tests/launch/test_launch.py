@@ -29,21 +29,23 @@ def _all_gone(run):
 
 
 def test_dry_run_prints_every_command_and_starts_nothing(tmp_path):
+    # device.device=cuda: the lines a GPU machine runs (tests/launch/test_cpu_engine.py has the CPU's)
     r = cli("deploy=pd", "model=llama3_8b", "prefill.parallel.tp_size=4", "job=launch", "job.dry_run=true",
-            "job.python=/opt/sglang/bin/python", cwd=tmp_path)
+            "job.python=/opt/sglang/bin/python", "device.device=cuda", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "# prefill (health: http://127.0.0.1:30000/health)"
     assert lines[1] == ("/opt/sglang/bin/python -m sglang.launch_server --model-path meta-llama/Meta-Llama-3-8B-Instruct "
-                        "--tp-size 4 --disaggregation-mode prefill")
-    assert lines[3].endswith("--port 30001 --disaggregation-mode decode")
+                        "--tp-size 4 --device cuda --disaggregation-mode prefill")
+    assert lines[3].endswith("--device cuda --base-gpu-id 4 --port 30001 --disaggregation-mode decode")
     assert lines[4] == "# router (health: http://127.0.0.1:8000/health)"
     assert lines[5].startswith("/opt/sglang/bin/python -m sglang_router.launch_router --pd-disaggregation "
                                "--prefill http://127.0.0.1:30000 8998 --decode http://127.0.0.1:30001")
     assert len(lines) == 6
-    r = cli("schedule.page_size=16", "job=launch", "job.dry_run=true", cwd=tmp_path)
+    r = cli("schedule.page_size=16", "job=launch", "job.dry_run=true", "device.device=cuda", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[1] == f"{sys.executable} -m sglang.launch_server --model-path tiny --page-size 16"
+    assert r.stdout.splitlines()[1] == (f"{sys.executable} -m sglang.launch_server --model-path tiny --page-size 16 "
+                                        f"--device cuda")
     assert not (tmp_path / "outputs").exists()
 
 

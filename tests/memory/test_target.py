@@ -118,7 +118,8 @@ def test_hicache_on_target_sizes_host_from_its_ram():
     p = plan_for(["model=llama3_8b", "hardware=h100_80gb", "memory=hicache", "memory.hicache_ratio=2"])
     assert p.host_tokens == (p.device_tokens * 2 // 1 + 1) and p.pin_memory
     assert p.host_bytes == p.host_tokens * p.bytes_per_token
-    assert p.host_budget_bytes == (2000 * GB - 10 * GiB) // 1
+    # one rank per GPU on the node: its 8 GPUs' ranks share the 2,000 GB (issue 27: not 1,989 GB per rank)
+    assert p.host_budget_ranks == 8 and p.host_budget_bytes == (2000 * GB - 10 * GiB) // 8
     # 8 ranks on the node share its RAM: 100 GB per rank is too much for a 512 GB L40S node
     with pytest.raises(MemorySetupError) as ei:
         plan_for(["model=llama3_8b", "hardware=l40s_48gb", "parallel.tp_size=8", "memory=hicache",

@@ -224,13 +224,16 @@ def test_fits_recover_known_factors():
     """The calibrate fitters get back the factors that generated the timings."""
     from sglang_hydra.perf import fit
     peak, bw = 500e12, 2e12
-    truth = dict(gemm_efficiency=0.7, gemm_half_tokens=80.0, memory_efficiency=0.75, kernel_floor_us=6.0)
+    truth = dict(gemm_efficiency=0.7, gemm_half_tokens=80.0, memory_efficiency=0.75, kernel_floor_us=6.0,
+                 gemm_half_outputs=50_000.0, gemm_k_overhead=200.0)
     samples = [(m, n, k, fit.gemm_s(m, n, k, peak, bw, 2.0, *truth.values()))
-               for m in (1, 4, 16, 64, 256, 1024, 4096, 16384) for n, k in ((4096, 4096), (14336, 4096), (256, 256))]
+               for m in (1, 4, 16, 64, 256, 1024, 4096, 16384)
+               for n, k in ((4096, 4096), (14336, 4096), (256, 256), (1024, 14336), (512, 8192))]
     got, rms = fit.fit_gemm(samples, peak, bw, 2.0)
     assert rms < 0.01
     for key in ("gemm_efficiency", "memory_efficiency"):
         assert got[key] == pytest.approx(truth[key], rel=0.05)
+    assert got["gemm_half_outputs"] > 0 and got["gemm_k_overhead"] > 0      # both terms are in the data: kept
     samples = [(b, s, 32, 128, fit.prefill_attention_s(b, s, 32, 128, peak, 0.6, 300.0, 6.0))
                for b in (1, 4) for s in (256, 1024, 4096, 16384)]
     got, rms = fit.fit_prefill_attention(samples, peak, 6.0)
@@ -239,6 +242,50 @@ def test_fits_recover_known_factors():
                for b in (1, 8, 64, 256) for c in (128, 1024, 8192)]
     got, rms = fit.fit_decode_attention(samples, bw, 6.0)
     assert rms < 0.01 and got["attention_decode_efficiency"] == pytest.approx(0.8, rel=0.05)
+    # no occupancy or per-layer term generated these timings: they are dropped (exactly 0), not left at 1e-19
+    assert got["attention_decode_half_ctas"] == 0.0 and got["attention_decode_layer_us"] == 0.0
+
+
+def test_fitted_efficiencies_stay_below_their_physical_bound():
+    """Timings faster than the datasheet allows do not push an efficiency to (or past) its bound of 1."""
+    from sglang_hydra.perf import fit
+    peak, bw = 500e12, 2e12
+    samples = [(b, b * c, 32768.0, 0.5 * b * c * 32768.0 / bw) for b in (1, 8, 64) for c in (1024, 8192)]
+    got, _ = fit.fit_decode_attention(samples, bw, 0.0)
+    assert got["attention_decode_efficiency"] <= fit.EFFICIENCY_MAX["memory"] < 1.0
+
+
+@pytest.mark.parametrize("hwname", ["h100_80gb", "a100_80gb", "l40s_48gb"])
+def test_the_fitted_gemm_formula_is_the_pass_models(hwname):
+    """perf/fit.py fits exactly what PassModel evaluates: every GEMM of the model, every token count."""
+    from sglang_hydra.perf import fit
+    hw = preset(hwname).to_dict()
+    m = PassModel.from_record(dict(LLAMA8, tp_size=2), hw)
+    peak, bw = hw["bf16_tflops"] * 1e12, hw["hbm_bandwidth_gbps"] * 1e9
+    for g, (count, c, w, a, _cls, h) in zip(m.gemms, m._gemm_consts):
+        for tokens in (1, 7, 64, 300, 4096, 32768):
+            ours = max(c * (tokens + h), w + a * tokens, m._floor)
+            theirs = fit.gemm_s(tokens, g.n, g.k, peak, bw, 2.0, hw["gemm_efficiency"], hw["gemm_half_tokens"],
+                                hw["memory_efficiency"], hw["kernel_floor_us"], hw["gemm_half_outputs"],
+                                hw["gemm_k_overhead"])
+            assert theirs == pytest.approx(ours, rel=1e-12), (g.name, tokens)
+
+
+def test_the_fitted_decode_formula_is_the_pass_models():
+    from sglang_hydra.perf import fit
+    hw = preset("h200_141gb").to_dict()
+    m = PassModel.from_record(dict(LLAMA8, tp_size=1), hw)
+    bw = hw["hbm_bandwidth_gbps"] * 1e9
+    kv_heads = 8
+    for seqs in (1, 3, 8, 40, 256):
+        ctx = 2048
+        per_layer = m.kv_bytes_per_token / m.layers
+        theirs = m.layers * fit.decode_attention_s(
+            seqs, seqs * ctx, per_layer, bw, hw["attention_decode_efficiency"], hw["attention_decode_seq_us"], 0.0,
+            hw["attention_decode_half_ctas"], kv_heads, hw["attention_decode_layer_us"],
+            hw["attention_decode_split_below"], hw["attention_decode_split_ctas"])
+        ours = m.breakdown(seqs, 0, seqs, seqs * ctx)["attention_decode"]
+        assert theirs == pytest.approx(ours, rel=1e-9), seqs
 
 
 MODEL_PRESETS = ["llama3_1_8b", "llama3_1_70b", "qwen3_8b", "qwen3_32b", "llama3_8b", "qwen2_7b", "deepseek_v3",
@@ -347,3 +394,23 @@ def test_memoised_decode_passes_are_the_same_floats(model, hwname, tp):
     # passes with a prefill part never take the decode memo
     assert m.step_s(65, PassModel.attn_pairs(0, 1), 64, 6400) != m.step_s(64, 0, 64, 6400)
     assert m.step_s(0, 0, 0, 0) == 0.0
+
+
+@pytest.mark.parametrize("name", ["h100_80gb", "h200_141gb", "a100_80gb", "l40s_48gb"])
+def test_gpu_presets_hold_physical_values(name):
+    """Every efficiency below its bound; no vanishing coefficient (a term is there or exactly 0); no
+    per-pass PD scale (the PD cost is the simulated transfer) and no fitted per-pass overhead."""
+    from sglang_hydra.perf.fit import EFFICIENCY_MAX
+    hw = preset(name).to_dict()
+    for key in ("gemm_efficiency", "attention_prefill_efficiency", "allreduce_efficiency"):
+        assert 0 < hw[key] <= EFFICIENCY_MAX["compute"] < 1, key
+    for key in ("memory_efficiency", "attention_decode_efficiency"):
+        assert 0 < hw[key] <= EFFICIENCY_MAX["memory"] < 1, key
+    for key in ("gemm_half_tokens", "gemm_half_outputs", "gemm_k_overhead", "attention_prefill_extra_pairs",
+                "attention_prefill_layer_us", "attention_decode_seq_us", "attention_decode_half_ctas",
+                "attention_decode_layer_us", "attention_decode_split_ctas", "kernel_floor_us"):
+        assert hw[key] == 0 or hw[key] >= 1e-3, (key, hw[key])
+    if hw["attention_decode_half_ctas"] == 0:         # no occupancy term: nothing for a split to change
+        assert hw["attention_decode_split_ctas"] == hw["attention_decode_split_below"] == 0
+    assert hw["disagg_prefill_pass_scale"] == hw["disagg_decode_pass_scale"] == 1.0
+    assert hw["pass_overhead_us"] == 0

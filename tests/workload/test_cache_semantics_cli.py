@@ -28,7 +28,7 @@ def test_replay_job_runs_either_semantics(tmp_path):
                 "hardware=h100_80gb", "job.time_scale=1000", "job.arrival=as_is",
                 f"schedule.max_total_tokens={1000 * 512}", f"hydra.run.dir={out}", cwd=tmp_path)
         assert r.returncode == 0, r.stderr
-        data = json.loads((out / "replay.json").read_text())
+        data = json.loads((out / "metrics.json").read_text())
         assert data["simulation"]["cache_semantics"] == semantics
         assert data["cache"]["tier_counts"]["device_hit_pages"] == expect[semantics]
 
@@ -42,4 +42,4 @@ def test_bad_semantics_exit_2_with_one_line(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("  - ")]
     assert "job.cache_semantics: sglang models the engine's one-tier radix cache" in line
-    assert not any(tmp_path.glob("**/replay.json"))
+    assert not any(tmp_path.glob("**/metrics.json"))

@@ -18,7 +18,7 @@ def _trace(name="sample"):
 
 
 @functools.lru_cache(maxsize=None)
-def point(overrides=(), *, n=300, scale=1.0, mode="metadata", workers=1, router=None, pd=None,
+def point(overrides=(), *, n=300, scale=1.0, mode="device_only", workers=1, router=None, pd=None,
           prefill=(), decode=(), pw=1, dw=1, trace="sample"):
     rec, composed = compose(list(BASE) + list(overrides))
     kw = dict(hardware=composed.hardware, workers=workers, router_policy=router, cache_mode=mode)
@@ -125,13 +125,16 @@ def test_settings_it_cannot_model_are_refused(key):
 
 
 def test_disaggregated_pass_scales():
-    """The hardware's PD pass corrections slow a disaggregated server's passes, both sides, and
-    leave an aggregated server alone."""
+    """The presets carry no PD pass scale (the PD cost is the simulated KV transfer, paid once); an
+    explicit what-if scale slows a disaggregated server's passes, both sides, and leaves an
+    aggregated server alone."""
     raw = ("hardware.disagg_prefill_pass_scale=1.0", "hardware.disagg_decode_pass_scale=1.0")
-    preset, bare = point(pd=True, pw=2), point(raw, pd=True, pw=2)
-    assert preset["ttft_unloaded_p90_ms"] > bare["ttft_unloaded_p90_ms"]
-    assert preset["tpot_p50_ms"] > bare["tpot_p50_ms"]
-    assert point() == point(raw)
+    scaled = ("hardware.disagg_prefill_pass_scale=1.2", "hardware.disagg_decode_pass_scale=1.2")
+    assert point(pd=True, pw=2) == point(raw, pd=True, pw=2)
+    slow, bare = point(scaled, pd=True, pw=2), point(raw, pd=True, pw=2)
+    assert slow["ttft_unloaded_p90_ms"] > bare["ttft_unloaded_p90_ms"]
+    assert slow["tpot_p50_ms"] > bare["tpot_p50_ms"]
+    assert point() == point(scaled)
 
 
 def test_default_max_running_follows_sglang():

@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from sglang_hydra.workload.ttft import HardwareSpec, ModelShape, PrefillTimeline, default_chunk_tokens
+from sglang_hydra.workload.assemble import default_chunk_tokens
+from sglang_hydra.workload.ttft import HardwareSpec, ModelShape, PrefillTimeline
 
 MS = 1e-3
 NS = 1e-9

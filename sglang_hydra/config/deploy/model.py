@@ -11,7 +11,7 @@ from ..record import ServerArgs
 
 SIDES = ("prefill", "decode")
 DEFAULT_DEPLOY = "single"
-DEPLOYMENT_JOBS = ("resolve", "launch")       # jobs that take a whole deployment
+DEPLOYMENT_JOBS = ("resolve", "launch", "validate")   # jobs that take a whole deployment
 PLANNING_JOBS = ("deploy_search",)            # jobs that read the deploy keys of a single record
 SIMULATING_JOBS = ("replay",)                 # jobs that simulate a whole PD deployment (both records)
 SIDE_PLANNING_JOBS = ("plan",)                # jobs that size each side of a PD deployment (both records)

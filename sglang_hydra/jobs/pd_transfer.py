@@ -1,4 +1,5 @@
-"""``job=pd`` (one side) and ``job=pd_pair`` (both sides as separate processes).
+"""KV transfer between a prefill and a decode side: ``job=pd`` (one side) and ``job=pd_pair`` (both
+sides as separate processes, :mod:`.pd_pair_processes`).
 
 Both write the full result, every request included, to a JSON file in the job's output
 directory and print a short summary table. Work that failed is a failure: any failed request,
@@ -41,21 +42,21 @@ def _peer_problem(e) -> ConfigError:
 
 
 def run_side(record, job: dict, ctx: JobContext) -> dict:
-    from ..disagg import pd
+    from ..disagg import workers
     from ..disagg.decode_side import PeerConfigError
-    from .pd_harness import render_rows, side_rows
+    from .pd_pair_processes import render_rows, side_rows
 
     mode = record.disaggregation_mode
     try:
         if mode == "prefill":
-            res = pd.run_prefill(record, requests=job.get("requests"), pages_per_request=job.get("pages_per_request"),
+            res = workers.run_prefill(record, requests=job.get("requests"), pages_per_request=job.get("pages_per_request"),
                                  bootstrap_port=record.disaggregation_bootstrap_port, timeout=job.get("timeout"),
                                  idle_timeout=job.get("idle_timeout"))
         elif mode == "decode":
             if not job.get("prefill"):
                 raise ConfigError([Problem("job.prefill", None, "the decode side needs job.prefill=HOST:PORT of the "
                                            "prefill bootstrap server", "pd")])
-            res = pd.run_decode(record, prefill_addr=job["prefill"], requests=job.get("requests") or 1,
+            res = workers.run_decode(record, prefill_addr=job["prefill"], requests=job.get("requests") or 1,
                                 pages_per_request=job.get("pages_per_request", 8), timeout=job.get("timeout"),
                                 verify=bool(job.get("verify", True)))
         else:
@@ -89,7 +90,7 @@ def run_side(record, job: dict, ctx: JobContext) -> dict:
 
 
 def run_pair(record, job: dict, ctx: JobContext) -> dict:
-    from .pd_harness import run_pair as harness_run_pair
+    from .pd_pair_processes import run_pair as harness_run_pair
 
     try:
         res = harness_run_pair(record, requests=job.get("requests", 200),

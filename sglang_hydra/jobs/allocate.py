@@ -1,4 +1,5 @@
-"""``job=setup``: print the memory plan, allocate it, and optionally round-trip pages."""
+"""``job=setup``: print the memory plan, allocate it, and optionally round-trip pages (the module is
+named for what it does; the job keeps its name, ``job=setup``)."""
 from __future__ import annotations
 
 import json

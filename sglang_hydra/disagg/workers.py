@@ -12,7 +12,7 @@
   unreachable, no further request is issued to it: the run ends with those requests failed.
 
 Tests use the workers directly to keep one side alive while the other is killed; the
-two-process harness the jobs use lives in ``sglang_hydra.jobs.pd_harness``. Request ``i`` of a
+two-process harness the jobs use lives in ``sglang_hydra.jobs.pd_pair_processes``. Request ``i`` of a
 run has bootstrap room ``room_base + i`` on both sides. A worker takes ``classes`` (the
 backend's classes, default: from the registry) and ``is_device`` (which KV tensors count as
 device memory), so tests can substitute either.
@@ -39,7 +39,7 @@ from .envs import DisaggEnv
 from .registry import backend_classes, resolve_backend_name
 from .states import TERMINAL, KVPoll
 
-logger = logging.getLogger("sglang_hydra.disagg.pd")
+logger = logging.getLogger("sglang_hydra.disagg.workers")
 DEFAULT_HOST = "127.0.0.1"
 STAGING_ENV = "SGLANG_HYDRA_DISAGG_HOST_STAGING"
 
@@ -103,9 +103,10 @@ class SideResult:
 
 # ------------------------------------------------------------------------------------ KV memory
 @dataclass(frozen=True)
-class KVGeometry:
-    """Shape of plain KV buffers for a side that should not build the record's memory pools
-    (benchmarks and tests choose it); by default a side uses ``build_memory(record)``."""
+class PlainBufferShape:
+    """Shape and page count of plain KV buffers for a side that should not build the record's
+    memory pools (benchmarks and tests choose it); by default a side uses ``build_memory(record)``,
+    whose rows follow the model's :class:`~sglang_hydra.memory.geometry.KVGeometry`."""
     num_layers: int
     head_num: int
     head_dim: int
@@ -126,7 +127,7 @@ class KVGeometry:
             self.head_dim * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
 
 
-def build_kv_source(record, geometry: Optional[KVGeometry] = None) -> Tuple[KVBufferSource, Any]:
+def build_kv_source(record, geometry: Optional[PlainBufferShape] = None) -> Tuple[KVBufferSource, Any]:
     """KV buffers + allocator: the real pools from ``sglang_hydra.memory`` when available."""
     if geometry is None:
         from sglang_hydra.memory import build_memory
@@ -143,7 +144,7 @@ def _role_class(classes: BackendClasses, mode: str) -> type:
     return getattr(classes.manager, f"{mode}_cls", classes.manager)
 
 
-def _kv_side(record, source: Optional[KVBufferSource], allocator, geometry: Optional[KVGeometry],
+def _kv_side(record, source: Optional[KVBufferSource], allocator, geometry: Optional[PlainBufferShape],
              role_cls: type, is_device: Optional[Callable[[torch.Tensor], bool]]):
     """One side's KV buffers, their page allocator and the backend's KVArgs (given or built)."""
     if source is None:
@@ -218,7 +219,7 @@ def _registration(args) -> Dict[str, Any]:
 class PrefillWorker:
     def __init__(self, record, *, host: str = DEFAULT_HOST, bootstrap_port: Optional[int] = None,
                  source: Optional[KVBufferSource] = None, allocator=None,
-                 geometry: Optional[KVGeometry] = None, env: Optional[DisaggEnv] = None,
+                 geometry: Optional[PlainBufferShape] = None, env: Optional[DisaggEnv] = None,
                  classes: Optional[BackendClasses] = None,
                  is_device: Optional[Callable[[torch.Tensor], bool]] = None):
         name = resolve_backend_name(record.disaggregation_transfer_backend)
@@ -383,7 +384,7 @@ class _Held:
 
 class DecodeWorker:
     def __init__(self, record, *, host: str = DEFAULT_HOST, source: Optional[KVBufferSource] = None,
-                 allocator=None, geometry: Optional[KVGeometry] = None, env: Optional[DisaggEnv] = None,
+                 allocator=None, geometry: Optional[PlainBufferShape] = None, env: Optional[DisaggEnv] = None,
                  classes: Optional[BackendClasses] = None, is_device: Optional[Callable[[torch.Tensor], bool]] = None):
         name = resolve_backend_name(record.disaggregation_transfer_backend)
         self.backend = name
@@ -587,7 +588,7 @@ def _rooms(requests: int, room_base: int) -> List[int]:
 
 def run_prefill(record, *, requests: Optional[int], pages_per_request: Optional[int] = None,
                 host: str = DEFAULT_HOST, bootstrap_port: Optional[int] = None, room_base: int = 1,
-                geometry: Optional[KVGeometry] = None, max_inflight: int = 32, timeout: Optional[float] = None,
+                geometry: Optional[PlainBufferShape] = None, max_inflight: int = 32, timeout: Optional[float] = None,
                 idle_timeout: Optional[float] = None, stop: Optional[threading.Event] = None,
                 ready=None, fill: bool = True, warmup: int = 0) -> SideResult:
     """Prefill role. ``requests=None`` serves whatever decode asks for until ``stop``/``idle_timeout``.
@@ -609,7 +610,7 @@ def run_prefill(record, *, requests: Optional[int], pages_per_request: Optional[
 
 
 def run_decode(record, *, prefill_addr: Optional[str], requests: int, pages_per_request: int,
-               host: str = DEFAULT_HOST, room_base: int = 1, geometry: Optional[KVGeometry] = None,
+               host: str = DEFAULT_HOST, room_base: int = 1, geometry: Optional[PlainBufferShape] = None,
                max_inflight: int = 8, timeout: Optional[float] = None, verify: bool = True,
                warmup: int = 0) -> SideResult:
     """Decode role: fetch ``requests`` requests of ``pages_per_request`` pages from ``prefill_addr``.

@@ -2,14 +2,13 @@
 
 :func:`run_pair` spawns the prefill (``run_prefill``) and, once its bootstrap server is up, the
 decode (``run_decode``) on 127.0.0.1 with a free bootstrap port, collects both
-:class:`~sglang_hydra.disagg.pd.SideResult` s over a queue and reduces them to a
+:class:`~sglang_hydra.disagg.workers.SideResult` s over a queue and reduces them to a
 :class:`PairResult`. :func:`summary_rows` turns either kind of result into the rows of the
 terminal table the jobs print; the per-request lists go to files, never to the terminal.
 """
 from __future__ import annotations
 
 import logging
-import math
 import multiprocessing as mp
 import os
 import queue as queue_mod
@@ -17,21 +16,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from sglang_hydra.disagg.pd import DEFAULT_HOST, KVGeometry, SideResult, run_decode, run_prefill
+from sglang_hydra.disagg.workers import DEFAULT_HOST, PlainBufferShape, SideResult, run_decode, run_prefill
 from sglang_hydra.disagg.registry import resolve_backend_name
 from sglang_hydra.utils.envflags import env_str
 from sglang_hydra.utils.ports import free_port
 from sglang_hydra.utils.procs import stop_processes
+from sglang_hydra.workload.metrics import nearest_rank
 
-logger = logging.getLogger("sglang_hydra.jobs.pd")
+logger = logging.getLogger("sglang_hydra.jobs.pd_pair_processes")
 
 
 def percentile(xs: Sequence[float], q: float) -> Optional[float]:
-    xs = sorted(xs)
-    if not xs:
-        return None
-    k = max(0, min(len(xs) - 1, math.ceil(q / 100.0 * len(xs)) - 1))
-    return xs[k]
+    """The ``q``-th percentile (nearest rank, the replay's one definition); None when empty."""
+    return nearest_rank(sorted(xs), q / 100.0) if xs else None
 
 
 @dataclass
@@ -163,7 +160,7 @@ def _wait_ready(q, pre, deadline: float) -> None:
 
 
 def run_pair(record, *, requests: int, pages_per_request: int, timeout: float = 120.0,
-             geometry: Optional[KVGeometry] = None, verify: bool = True, max_inflight: int = 8,
+             geometry: Optional[PlainBufferShape] = None, verify: bool = True, max_inflight: int = 8,
              room_base: int = 1, env: Optional[Dict[str, str]] = None, host: str = DEFAULT_HOST,
              warmup: int = 0, fill: bool = True) -> PairResult:
     """Run prefill and decode as two spawned processes on ``host`` with free ports.
