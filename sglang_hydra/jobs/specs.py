@@ -174,6 +174,8 @@ class SearchSlaSettings:
     ttft_ms: Optional[float] = None      # time to first token bound, ms
     tpot_ms: Optional[float] = None      # time per output token bound, ms
     percentile: int = 90                 # the bounds hold for this percentile of the requests
+    headroom: float = 1.25               # the bounds must still hold at this multiple of the trace's rate (1: none)
+    max_busy_share: Optional[float] = None   # and no engine busier than this share of the time (unset: no limit)
 
 
 @dataclass
@@ -187,6 +189,14 @@ class DeploySearchSpace:
     router_policies: List[str] = field(default_factory=lambda: ["cache_aware"])
     chunked_prefill_size: List[Optional[int]] = field(default_factory=lambda: [None])   # agg; None: the record's
     all_gpus: bool = False               # only deployments that use every GPU of deploy.total_gpus
+    question: str = "both"               # fewest_gpus | best_service | both | all (every deployment, ranked)
+    levers: List[str] = field(default_factory=lambda: ["router_policy", "dp", "hicache", "chunked_prefill"])
+    lever_margin: float = 0.05           # a lever that beats an answer by more than this (relative) replaces it
+    lever_hicache_ratio: float = 2.0     # the HiCache ratio the hicache lever tries
+    lever_chunked_prefill_size: List[int] = field(default_factory=lambda: [16384])   # what chunked_prefill tries
+    break_rate_tolerance: float = 0.05   # the answers' break rate is found to this (relative)
+    executor: str = "local"              # local (forked processes) | ray_local (a private Ray) | ray (a cluster)
+    ray_address: Optional[str] = None    # executor=ray: the cluster (unset: RAY_ADDRESS or a running one)
 
 
 @dataclass

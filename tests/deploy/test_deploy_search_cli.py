@@ -26,36 +26,48 @@ def test_search_writes_its_outputs_and_a_launchable_best(tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["best"]["mode"] in ("agg", "disagg") and data["best"]["tokens_per_s_per_gpu"] > 0
+    rows = data["deployments"]
     assert data["schema_version"] == 3
-    assert data["deployments_evaluated"] == len(data["deployments"]) > 10
-    assert all(row["gpus"] <= 4 for row in data["deployments"])
+    assert len(rows) > 10 and data["deployments_evaluated"] == sum(r["status"] != "skipped" for r in rows)
+    assert all(row["gpus_used"] <= 4 for row in rows)
+    assert all(row["gpus_used"] + row["gpus_idle"] == 4 for row in rows)
+    # the question: the fewest GPUs holding the SLA at 1.25x the rate; nothing run with fewer GPUs holds it
+    assert data["question"] == "both" and data["headroom"] == 1.25
+    fewest = data["answers"]["fewest_gpus"]
+    assert data["best"]["layout"] == fewest["layout"] and data["best"]["gpus_used"] == fewest["gpus_used"]
+    assert not any(row["meets_sla"] for row in rows if row["gpus_used"] < fewest["gpus_used"])
+    assert all(row["status"] != "skipped" for row in rows if row["gpus_used"] < fewest["gpus_used"])
+    # the answer's headroom: holds at 1.25x, breaks above it, found by the search
+    assert fewest["sla_break_rate_rps"] > fewest["evaluated_at_rps"] == 1.25 * data["trace_rate_rps"]
+    assert 0 < fewest["busy_share"] <= 1 and fewest["busy_share_at_trace_rate"] <= 1
     # side-explicit layouts: workers x tp for aggregated rows, each side for disaggregated ones
-    for row in data["deployments"]:
+    for row in rows:
         assert "closest" not in row and "policy" not in row and "goodput_share" not in row
         assert row["eviction_policy"] and 0 <= row["sla_met_share"] <= 1 and row["requests_total"] == 150
         if row["mode"] == "agg":
-            assert row["workers"] * row["tp"] == row["gpus"] and row["prefill_workers"] is None
+            assert row["workers"] * row["tp"] * row["dp"] == row["gpus_used"] and row["prefill_workers"] is None
         else:
             assert row["workers"] is None and row["tp"] is None
-            assert row["prefill_workers"] * row["prefill_tp"] + row["decode_workers"] * row["decode_tp"] == row["gpus"]
+            assert row["prefill_workers"] * row["prefill_tp"] + row["decode_workers"] * row["decode_tp"] \
+                == row["gpus_used"]
     table = (tmp_path / "search" / "summary.csv").read_text().splitlines()
     head = table[0].split(",")
-    assert head[head.index("gpus") + 1:head.index("gpus") + 7] == ["workers", "tp", "prefill_workers", "prefill_tp",
-                                                                  "decode_workers", "decode_tp"]
-    assert "closest" not in head and len(table) == len(data["deployments"]) + 1
-    ranked = [row for row in data["deployments"] if row["meets_sla"]]
-    assert ranked[0]["goodput_rps_per_gpu"] == max(row["goodput_rps_per_gpu"] for row in ranked)
+    at = head.index("gpus_used")
+    assert head[at + 1:at + 7] == ["workers", "tp", "prefill_workers", "prefill_tp", "decode_workers", "decode_tp"]
+    assert "closest" not in head and len(table) == len(rows) + 1
     out = tmp_path / "search"
     for name in ("summary.csv", "pareto.png", "best_deploy.yaml", "deploy_search.json"):
         assert (out / name).stat().st_size > 0
     assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     best = yaml.safe_load((out / "best_deploy.yaml").read_text())
     assert best["deploy"]["total_gpus"] == 4 and best["hardware"] == "h100_80gb"
+    text = (out / "best_deploy.yaml").read_text()
+    assert f"# uses {fewest['gpus_used']} of the 4 GPUs ({4 - fewest['gpus_used']} idle)" in text
     launched = run("--config", str(out / "best_deploy.yaml"), "job=launch", "job.dry_run=true", cwd=tmp_path)
     assert launched.returncode == 0, launched.stderr
     servers = [line for line in launched.stdout.splitlines() if "sglang.launch_server" in line]
     best_row = data["best"]
-    assert len(servers) == (best_row["workers"] if best_row["mode"] == "agg"
+    assert len(servers) == ((best_row["workers"] if best_row.get("dp", 1) == 1 else 1) if best_row["mode"] == "agg"
                             else best_row["prefill_workers"] + best_row["decode_workers"])
     assert all("--model-path meta-llama/Meta-Llama-3.1-8B" in line for line in servers)
     # the file names the model preset, so the jobs that need its KV geometry take it back too
@@ -99,7 +111,15 @@ def test_a_policy_plain_sglang_lacks_is_marked_when_it_is_best(tmp_path):
     (("job.sla.ttft_ms=1000", "job.sla.tpot_ms=50", "job.search.tp=[8]"),
      ["job.search.tp: every TP size (8) is over deploy.total_gpus 4"]),
     (("job.sla.ttft_ms=1", "job.sla.tpot_ms=0.5"),
-     ["job.sla: no deployment meets P90 TTFT <= 1 ms and P90 TPOT <= 0.5 ms on this trace; the closest"]),
+     ["job.sla: no deployment meets P90 TTFT <= 1 ms and P90 TPOT <= 0.5 ms on this trace at 1.25x the trace's "
+      "rate (job.sla.headroom); the closest"]),
+    (("job.sla.ttft_ms=1000", "job.sla.tpot_ms=50", "job.sla.headroom=0.5", "job.search.question=cheapest",
+      "job.search.levers=[hicache,tp]", "job.sla.max_busy_share=2", "job.search.executor=slurm"),
+     ["job.sla.headroom: 0.5 is not a multiple of the trace's rate of at least 1",
+      "job.search.question: 'cheapest' is not one of: both, fewest_gpus, best_service, all",
+      "job.search.levers: 'tp' is not one of: router_policy, dp, hicache, chunked_prefill",
+      "job.sla.max_busy_share: 2.0 is not a share in (0, 1]",
+      "job.search.executor: 'slurm' is not one of: local, ray_local, ray"]),
     (("job.sla.ttft_ms=1000", "job.sla.tpot_ms=50", "deploy.workers=3", "parallel.tp_size=2"),
      ["deploy.workers: deploy.workers 3 x parallel.tp_size 2"]),
     (("job.sla.ttft_ms=1000", "job.sla.tpot_ms=50", "job.sla.percentile=95", "job.search.hicache_ratio=[0.5]"),
