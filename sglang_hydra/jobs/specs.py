@@ -118,7 +118,7 @@ class CalibrateJob:
     device: str = "cuda"                 # kernels: cuda | cpu (cpu: a rehearsal with tiny shapes, not a calibration)
     python: Optional[str] = None         # engine: the interpreter that has SGLang (as job=launch)
     health_timeout: float = 600.0        # engine: seconds for the server to answer /health
-    stop_timeout: float = 30.0
+    stop_timeout: float = 30.0           # engine: seconds between SIGTERM and SIGKILL when stopping it
     preset_name: Optional[str] = None    # name of the written preset (default: calibrated_<gpu>)
     repeats: int = 5
     format: str = "table"                # table | json
@@ -131,8 +131,8 @@ class ValidateTolerances:
     cached_token_mismatches: Optional[int] = None   # requests whose cached tokens may differ
     hit_rate_points: Optional[float] = 1.0          # token hit rate, percentage points
     ttft_p50: Optional[float] = 0.25                # relative error of the run's TTFT P50
-    ttft_p90: Optional[float] = 0.25
-    tpot_p50: Optional[float] = 0.25
+    ttft_p90: Optional[float] = 0.25                # relative error of the run's TTFT P90
+    tpot_p50: Optional[float] = 0.25                # relative error of the run's TPOT P50
     worker_share_points: Optional[float] = 5.0      # each worker's share of the requests, points
     saturation: bool = True                         # predicted saturated iff measured saturated
 
@@ -147,7 +147,7 @@ class ValidateJob:
     conversations: int = 40              # synthetic workload
     turns: int = 4
     seed: int = 0                        # rate pacing, synthetic workload
-    on_bad_line: str = "fail"
+    on_bad_line: str = "fail"            # fail | skip: what a malformed trace line does
     block_size: int = 512                # tokens per hash id of the trace
     max_requests: int = 100
     max_input_tokens: Optional[int] = 8192     # longer prompts are left out (a CPU engine is slow)
@@ -158,10 +158,10 @@ class ValidateJob:
     calibrate: bool = False              # fit this machine's pass-time model on the launched engine first
     url: Optional[str] = None            # validate a running deployment at this URL instead of launching
     python: Optional[str] = None         # the interpreter that has SGLang (as job=launch)
-    router_python: Optional[str] = None
-    health_timeout: float = 600.0
-    stop_timeout: float = 30.0
-    request_timeout: float = 600.0
+    router_python: Optional[str] = None  # the interpreter that has sglang-router (None: job.python)
+    health_timeout: float = 600.0        # seconds for each server (then the router) to answer /health
+    stop_timeout: float = 30.0           # seconds between SIGTERM and SIGKILL when stopping
+    request_timeout: float = 600.0       # seconds one request may take before it counts as failed
     tolerance: ValidateTolerances = field(default_factory=ValidateTolerances)
     format: str = "table"                # table | json
 
@@ -190,7 +190,7 @@ class DeploySearchSpace:
     chunked_prefill_size: List[Optional[int]] = field(default_factory=lambda: [None])   # agg; None: the record's
     all_gpus: bool = False               # only deployments that use every GPU of deploy.total_gpus
     question: str = "both"               # fewest_gpus | best_service | both | all (every deployment, ranked)
-    levers: List[str] = field(default_factory=lambda: ["router_policy", "dp", "hicache", "chunked_prefill"])
+    levers: List[str] = field(default_factory=lambda: ["router_policy", "dp", "hicache", "chunked_prefill"])  # tried around each answer ([]: none)
     lever_margin: float = 0.05           # a lever that beats an answer by more than this (relative) replaces it
     lever_hicache_ratio: float = 2.0     # the HiCache ratio the hicache lever tries
     lever_chunked_prefill_size: List[int] = field(default_factory=lambda: [16384])   # what chunked_prefill tries
