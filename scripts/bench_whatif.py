@@ -119,7 +119,7 @@ def scaled_trace(src: Path, copies: int, dest: Path) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", default=None, help="a Mooncake JSONL trace (default: the packaged conversation trace)")
-    ap.add_argument("--mode", default="sim", choices=("sim", "metadata"))
+    ap.add_argument("--mode", default="sim", choices=("sim", "device_only"))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--scales", default="1,4,16")

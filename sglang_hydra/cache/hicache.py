@@ -52,7 +52,7 @@ class HiCache:
         info = get_policy_info(eviction_policy)          # unknown names: ValueError listing the known
         if info.cls.needs_future:
             raise ValueError(f"eviction policy {eviction_policy!r} needs the whole request sequence in advance, "
-                             "which a request-by-request cache never has: run it in a replay (job.mode=metadata, "
+                             "which a request-by-request cache never has: run it in a replay (job.mode=device_only, "
                              "sim or full)")
         if memory.host_pool is None:
             raise ValueError("HiCache needs a host pool (enable_hierarchical_cache)")

@@ -25,7 +25,7 @@ from .trace import BLOCK_SIZE, Request
 
 __all__ = ["ReplayResult", "replay", "REPLAY_MODES", "DEFAULT_TAIL_THRESHOLD_TOKENS", "limit_requests"]
 
-REPLAY_MODES = ("metadata",)
+REPLAY_MODES = ("device_only",)
 DEFAULT_TAIL_THRESHOLD_TOKENS = 4096
 
 
@@ -118,7 +118,7 @@ class _InstantPasses:
         return 0.0
 
 
-def replay(record, requests: Iterable[Request], *, mode: str = "metadata",
+def replay(record, requests: Iterable[Request], *, mode: str = "device_only",
            max_requests: Optional[int] = None,
            tail_threshold_tokens: float = DEFAULT_TAIL_THRESHOLD_TOKENS,
            progress: bool = False, policy: Optional[str] = None,

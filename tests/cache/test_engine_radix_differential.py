@@ -268,7 +268,7 @@ def _through_replay_job(reqs, policy, cfg, ps, pool, chunk):
     hw, problems = compose_hardware("h100_80gb", [])
     assert not problems
     built = build_deployment(DeploymentInputs(hardware=hw, record=_replay_record(ps, pool, chunk, policy, cfg),
-                                              cache_mode="metadata", cache_semantics="sglang"))
+                                              cache_mode="device_only", cache_semantics="sglang"))
     try:
         spec = built.model.groups["agg"].spec
         assert spec.pool_tokens == pool and spec.chunk_tokens == chunk

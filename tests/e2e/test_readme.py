@@ -139,7 +139,7 @@ EXPECTATIONS = {
                       "multirun/*/*/7/metrics.json")),
     "sglang-hydra job=replay model=llama3_1_8b hardware=h100_80gb job.trace=conversation schedule.page_size=512 "
     "schedule.max_total_tokens=2048000 memory.radix_eviction_policy=ghost_lru job.format=json":
-        Expect(stdout=(r'"schema_version": 2', r'"token_hit_rate"', r'"ttft_p90_ms"', r'"tpot_p90_ms"'),
+        Expect(stdout=(r'"schema_version": 3', r'"token_hit_rate"', r'"ttft_p90_ms"', r'"tpot_p90_ms"'),
                files=("outputs/*/*/metrics.json",)),
     "sglang-hydra -m job=replay model=llama3_1_8b hardware=h100_80gb memory.radix_eviction_policy=lru,lfu,slru,ghost_lru "
     "schedule.max_total_tokens=2048000,8192000 schedule.page_size=512":

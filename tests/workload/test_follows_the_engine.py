@@ -17,7 +17,7 @@ def run(reqs, *, ps=16, pool=200000, chunk=None, policy="lru", arrival="sequenti
                           *extra])
     hw, problems = compose_hardware("h100_80gb", [])
     assert not problems
-    built = build_deployment(DeploymentInputs(hardware=hw, record=rec, cache_mode="metadata", cache_semantics="sglang"))
+    built = build_deployment(DeploymentInputs(hardware=hw, record=rec, cache_mode="device_only", cache_semantics="sglang"))
     try:
         sim = simulate(built.model, reqs, arrival=arrival)
     finally:
