@@ -258,6 +258,12 @@ def calibrate_on(url: str, record, base_hardware, maker, *, say: Callable[[str],
     pool = int(getattr(record, "max_total_tokens", 0) or 8192)
     samples = measure_engine(url, maker, max_tokens=min(pool - 1, int(getattr(record, "context_length", 0) or pool)),
                              say=say)
+    if not base.get("gpu_memory_gb") and device == "cpu":
+        # a CPU engine's "device" memory is this machine's RAM (SGLang sizes its pool from it)
+        from ..memory.hostmem import meminfo_total_bytes
+        base = dict(base, gpu_memory_gb=round(meminfo_total_bytes() / 1e9, 1))
+        if not base.get("host_memory_gb"):
+            base["host_memory_gb"] = base["gpu_memory_gb"]
     cal = fit_profile(record, base, ceilings, samples)
     say(f"fitted on {len(samples)} passes, worst error {cal.worst_error:.0%}")
     known = set(Hardware.__dataclass_fields__)
