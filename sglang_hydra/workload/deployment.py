@@ -383,7 +383,7 @@ def _unloaded_ttft(s: SimRequest, spec: EngineSpec, decode: Optional[EngineSpec]
     """TTFT of ``s`` alone on an idle engine (same cache hits): its prefill chunks, exposed loads,
     and for disagg the bare transfer and one decode step."""
     pm = spec.pass_model
-    pairs_of = type(pm).attn_pairs
+    pairs_of = pm.attn_pairs
     cached = s.device_hit + s.host_hit + s.storage_hit
     new = max(1, s.input_len - cached)
     cached = s.input_len - new

@@ -148,7 +148,7 @@ class Engine:
         self.role = role
         self.cache = cache
         self._step_s = spec.pass_model.step_s
-        self._pairs = type(spec.pass_model).attn_pairs
+        self._pairs = spec.pass_model.attn_pairs
         self.waiting: deque = deque()
         self.chunked: Optional[SimRequest] = None
         self.running: Dict[int, SimRequest] = {}    # decoding, insertion-ordered

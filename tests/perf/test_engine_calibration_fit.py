@@ -27,3 +27,14 @@ def test_the_fit_recovers_a_known_cpu_and_stays_physical():
         assert lo <= cal.hardware[name] <= hi
     assert abs(cal.hardware["request_path_us"] - 2000.0) < 600.0
     assert abs(cal.hardware["pass_overhead_us"] - 4000.0) < 800.0
+
+
+def test_torch_native_attends_over_the_whole_sequence():
+    """SGLang's torch_native backend pads each request's queries to the whole sequence, so a cached
+    prefix saves it no attention; flashinfer-style backends attend from the new tokens only."""
+    from sglang_hydra.perf.pass_time import PassModel
+    native = _model(compose_record(overrides=["model=tiny_llama"]), dict(compose_hardware("h100_80gb")[0].to_dict()))
+    assert native.attn_pairs(2048, 256) == 2304 * 2305 // 2
+    gpu = _model(compose_record(overrides=["model=tiny_llama", "exec.attention_backend=fa3"]),
+                 compose_hardware("h100_80gb")[0].to_dict())
+    assert gpu.attn_pairs(2048, 256) == PassModel.attn_pairs(2048, 256) == 256 * 2048 + 256 * 257 // 2
