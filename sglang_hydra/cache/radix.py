@@ -679,23 +679,8 @@ class RadixTree:
             node = node.parent
         end = last
         if u < len(keys):
-            fresh = self._stamp()
-            created = self._stamp()
-            end = self._grow(last, keys, weights, u, lo, fresh, priority)
-            self._segs += 1
-            seg = self._segs
-            count = end.depth > inserted
-            node = end
-            units = []
-            while node is not last:
-                node.seg = seg
-                node.insert_time = created
-                node.hit_count = 1 if count else 0
-                units.append(node)
-                node = node.parent
-            if self._node_hooks:
-                units.reverse()
-                self.policy.on_insert_engine_node(units)
+            end = self._grow_segment(last, keys, weights, u, lo, priority,
+                                     hit_count=lambda e: 1 if e.depth > inserted else 0)
         if self.policy.wants_touch and end is not root:
             # the plugin's hooked cache reports every insert's pages to the policy (on_request)
             self._touch(keys, k, self._clock, end)
@@ -728,27 +713,37 @@ class RadixTree:
             node = node.parent
         end = last
         if u < len(keys):
-            fresh = self._stamp()
-            created = self._stamp()
-            end = self._grow(last, keys, weights, u, lo, fresh, priority)
-            self._segs += 1
-            seg = self._segs
-            node = end
-            units = []
-            while node is not last:
-                node.seg = seg
-                node.insert_time = created
-                units.append(node)
-                node = node.parent
-            if self._node_hooks:
-                units.reverse()
-                policy.on_insert_engine_node(units)
+            end = self._grow_segment(last, keys, weights, u, lo, priority)
         if policy.wants_touch:
             self._touch(keys, k, self._clock, end)
         if end is not root and not end.children:
             self._push(end)
         last.lock_ref -= 1
         return k
+
+    def _grow_segment(self, last, keys, weights, u, lo, priority, hit_count=None):
+        """Grow the keys from unit ``u`` below ``last`` as SGLang's insert does (a fresh access
+        stamp, then a creation stamp), as one new segment; ``hit_count(end)``, when given, sets the
+        new nodes' hit count.  The policy hears of the new nodes when it hooks them."""
+        fresh = self._stamp()
+        created = self._stamp()
+        end = self._grow(last, keys, weights, u, lo, fresh, priority)
+        self._segs += 1
+        seg = self._segs
+        hits = hit_count(end) if hit_count is not None else None
+        node = end
+        units = []
+        while node is not last:
+            node.seg = seg
+            node.insert_time = created
+            if hits is not None:
+                node.hit_count = hits
+            units.append(node)
+            node = node.parent
+        if self._node_hooks:
+            units.reverse()
+            self.policy.on_insert_engine_node(units)
+        return end
 
     def _raise_priority(self, node, priority):
         while node is not self.root:

@@ -9,36 +9,22 @@ import csv
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from sglang_hydra.jobs.engine_client import get_json
 from sglang_hydra.utils.ports import free_port
 
-FAKE = Path(__file__).parents[1] / "launch" / "fake_engine.py"
+sys.path.insert(0, str(Path(__file__).parents[1] / "launch"))
+from fake_engine import started  # noqa: E402
 BASE = ["job=validate", "model=tiny", "hardware=h100_80gb", "schedule.page_size=16", "schedule.max_total_tokens=60000",
         "model.context_length=131072", "job.max_requests=30", "job.max_input_tokens=4096", "job.max_output_tokens=4"]
 
 
 @pytest.fixture(scope="module")
 def engine():
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(FAKE), "--port", str(port), "--prefill-ms", "1", "--decode-ms", "1",
-                             "--weight-version", "agg0"])
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                get_json(url, "/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.05)
+    with started("--prefill-ms", "1", "--decode-ms", "1", "--weight-version", "agg0") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def _run(args, tmp_path):

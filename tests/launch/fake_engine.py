@@ -101,3 +101,32 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def started(*flags: str):
+    """Start this double on a free loopback port (a context manager yielding its URL); it is
+    stopped on exit.  ``flags``: its command-line options, e.g. ``"--decode-ms", "10"``."""
+    import contextlib
+    import subprocess
+    import sys
+
+    from sglang_hydra.jobs.engine_client import get_json
+    from sglang_hydra.utils.ports import free_port
+
+    @contextlib.contextmanager
+    def run():
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, __file__, "--port", str(port), *flags])
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(200):
+                try:
+                    get_json(url, "/health", timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    return run()

@@ -1,36 +1,22 @@
 """The real client (jobs/engine_client.py) against a streaming test double of /generate."""
 from __future__ import annotations
 
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from sglang_hydra.jobs.engine_client import Planned, flush_cache, get_json, run_requests
+from sglang_hydra.jobs.engine_client import Planned, flush_cache, run_requests
 from sglang_hydra.utils.ports import free_port
 
-FAKE = Path(__file__).with_name("fake_engine.py")
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_engine import started  # noqa: E402
 
 
 @pytest.fixture
 def engine():
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(FAKE), "--port", str(port), "--prefill-ms", "20",
-                             "--decode-ms", "10", "--weight-version", "agg3"])
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                get_json(url, "/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.05)
+    with started("--prefill-ms", "20", "--decode-ms", "10", "--weight-version", "agg3") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_every_token_is_timed_and_the_servers_words_are_kept(engine):
