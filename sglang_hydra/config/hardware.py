@@ -93,6 +93,10 @@ class Hardware:
         ge=0.0)
     pass_overhead_us: float = arg(
         0.0, "Fixed microseconds per forward pass beyond its kernels (scheduling, sampling).", ge=0.0)
+    prefill_attention_span: str = arg(
+        "new", "What a prefill's attention kernel attends from: 'new' (the new tokens over the cached prefix, "
+        "as FlashInfer/FA3 do) or 'full_sequence' (the whole sequence again, cached prefix included, as "
+        "SGLang's torch_native backend does); job=calibrate via the engine states it for this machine.")
     request_path_us: float = arg(
         0.0, "Fixed microseconds a request spends outside forward passes before its first token reaches "
         "the client (HTTP, tokenizer manager, IPC to the scheduler and back); job=calibrate measures it "

@@ -264,6 +264,9 @@ def calibrate_on(url: str, record, base_hardware, maker, *, say: Callable[[str],
         base = dict(base, gpu_memory_gb=round(meminfo_total_bytes() / 1e9, 1))
         if not base.get("host_memory_gb"):
             base["host_memory_gb"] = base["gpu_memory_gb"]
+    from ..perf.pass_time import FULL_SEQUENCE_PREFILL_BACKENDS
+    backend = getattr(record, "prefill_attention_backend", None) or getattr(record, "attention_backend", None)
+    base = dict(base, prefill_attention_span="full_sequence" if backend in FULL_SEQUENCE_PREFILL_BACKENDS else "new")
     cal = fit_profile(record, base, ceilings, samples)
     say(f"fitted on {len(samples)} passes, worst error {cal.worst_error:.0%}")
     known = set(Hardware.__dataclass_fields__)

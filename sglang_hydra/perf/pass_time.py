@@ -60,6 +60,7 @@ ELEMENTWISE_KERNELS_PER_LAYER = 3
 ELEMENTWISE_HIDDEN_PASSES = 8
 
 #: attention backends whose prefill attends over the whole sequence, cached prefix included
+#: (hardware.prefill_attention_span=full_sequence; the engine calibration states it)
 FULL_SEQUENCE_PREFILL_BACKENDS = ("torch_native",)
 
 #: model types whose attention normalises q and k per head (RMSNorm on each head, as in Qwen3)
@@ -375,8 +376,10 @@ class PassModel:
                     weight_itemsize=itemsize, hardware=hw, mla=mla, moe=moe,
                     qk_norm=str(_get(rec, "model_type", "")) in QK_NORM_MODEL_TYPES,
                     name=str(_get(rec, "model_path", "model")))
-        backend = _get(rec, "prefill_attention_backend") or _get(rec, "attention_backend")
-        if backend in FULL_SEQUENCE_PREFILL_BACKENDS:
+        span = hw.get("prefill_attention_span") or "new"
+        if span not in ("new", "full_sequence"):
+            raise PassModelError(f"hardware.prefill_attention_span must be new or full_sequence, got {span!r}")
+        if span == "full_sequence":
             model.attn_pairs = PassModel.full_sequence_pairs
         return model
 

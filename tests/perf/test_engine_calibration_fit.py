@@ -29,12 +29,13 @@ def test_the_fit_recovers_a_known_cpu_and_stays_physical():
     assert abs(cal.hardware["pass_overhead_us"] - 4000.0) < 800.0
 
 
-def test_torch_native_attends_over_the_whole_sequence():
+def test_a_full_sequence_attention_span_counts_the_cached_prefix_again():
     """SGLang's torch_native backend pads each request's queries to the whole sequence, so a cached
-    prefix saves it no attention; flashinfer-style backends attend from the new tokens only."""
+    prefix saves it no attention (``hardware.prefill_attention_span=full_sequence``, which the engine
+    calibration states for a torch_native server); FlashInfer/FA3-style kernels attend from the new
+    tokens only (``new``, every GPU preset)."""
     from sglang_hydra.perf.pass_time import PassModel
-    native = _model(compose_record(overrides=["model=tiny_llama"]), dict(compose_hardware("h100_80gb")[0].to_dict()))
-    assert native.attn_pairs(2048, 256) == 2304 * 2305 // 2
-    gpu = _model(compose_record(overrides=["model=tiny_llama", "exec.attention_backend=fa3"]),
-                 compose_hardware("h100_80gb")[0].to_dict())
-    assert gpu.attn_pairs(2048, 256) == PassModel.attn_pairs(2048, 256) == 256 * 2048 + 256 * 257 // 2
+    rec = compose_record(overrides=["model=tiny_llama"])
+    hw = compose_hardware("h100_80gb")[0].to_dict()
+    assert _model(rec, dict(hw, prefill_attention_span="full_sequence")).attn_pairs(2048, 256) == 2304 * 2305 // 2
+    assert _model(rec, hw).attn_pairs(2048, 256) == PassModel.attn_pairs(2048, 256) == 256 * 2048 + 256 * 257 // 2
