@@ -69,7 +69,7 @@ def test_each_policy_replays_with_byte_identical_loads(policy, full_mode):
 
 @pytest.mark.parametrize("policy", REPLAY_ONLY)
 def test_replay_only_policy_is_refused_clearly(policy):
-    with pytest.raises(ValueError, match="job.mode=metadata"):
+    with pytest.raises(ValueError, match="job.mode=device_only"):
         _cache(policy)
 
 
