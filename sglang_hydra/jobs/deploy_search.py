@@ -158,8 +158,11 @@ def _settings_problems(job: dict, sla: Dict[str, Any], space: Dict[str, Any]) ->
     if not isinstance(space.get("all_gpus"), bool):
         out.append(Problem("job.search.all_gpus", None, f"{space.get('all_gpus')!r} is not true or false",
                            "deploy_search"))
+    def hicache_ratio_ok(r) -> bool:     # SGLang's rule: a host tier is more than 1 x the device pool; 0 = none
+        return isinstance(r, (int, float)) and (r == 0 or r > 1) and math.isfinite(r)
+
     for r in space["hicache_ratio"]:
-        if not (isinstance(r, (int, float)) and (r == 0 or r > 1) and math.isfinite(r)):
+        if not hicache_ratio_ok(r):
             out.append(Problem("job.search.hicache_ratio", None, f"{r!r}: a HiCache host tier is more than 1 x the "
                                f"device pool (SGLang's rule); 0 means none", "deploy_search"))
     if space.get("question") not in QUESTIONS:
@@ -178,7 +181,7 @@ def _settings_problems(job: dict, sla: Dict[str, Any], space: Dict[str, Any]) ->
         if not (isinstance(v, (int, float)) and lo <= v < hi):
             out.append(Problem(f"job.search.{key}", None, f"{v!r} is not a fraction in [{lo:g}, {hi:g})", "deploy_search"))
     v = space.get("lever_hicache_ratio")
-    if not (isinstance(v, (int, float)) and (v == 0 or v > 1) and math.isfinite(v)):
+    if not hicache_ratio_ok(v):
         out.append(Problem("job.search.lever_hicache_ratio", None, f"{v!r}: a HiCache host tier is more than 1 x the "
                            f"device pool; 0 skips the lever", "deploy_search"))
     for c in space.get("lever_chunked_prefill_size") or []:
