@@ -103,7 +103,7 @@ def send_times_ms(requests: Sequence, pacing: str, *, time_scale: float = 1.0, r
 
 
 # --------------------------------------------------------------------------- measured rows
-def measured_rows(measured, send_ms: Sequence[float], worker_of_version: Dict[str, str]) -> List[Dict[str, Any]]:
+def measured_rows(measured, worker_of_version: Dict[str, str]) -> List[Dict[str, Any]]:
     """:mod:`..workload.request_record` rows of what the client saw."""
     t0 = min((m.sent_s for m in measured if m.error != "not sent"), default=0.0)
     rows = []
@@ -248,7 +248,7 @@ def run(target, job: dict, ctx: JobContext) -> int:
         print(f"sglang-hydra: validate: the engine failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     measured, calibration, sim_names = measured
-    meas_rows = measured_rows(measured, send_ms, sim_names)
+    meas_rows = measured_rows(measured, sim_names)
     ctx.write_text("measured.jsonl", write_jsonl(meas_rows))
 
     # ---- the prediction, on the same record, deployment and hardware
